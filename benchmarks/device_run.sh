@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# One batch on the GPU machine: install the CUTLASS wheel carried in .whl/, build, run the tests,
+# the benchmark and the host-overhead measurement. Logs go to $OUT (or ./device_out).
+#
+# To run (from the device tool, carrying .whl): bash benchmarks/device_run.sh [pytest args...]
+#   Env: BUILD_DEFINES="-C cmake.define.X=Y ..." extra build options; BENCH_ARGS extra bench options;
+#        SKIP_TESTS=1, SKIP_BENCH=1, SANITIZE=1 (compute-sanitizer memcheck on the clamping tests).
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-device_out}
+mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used --format=csv | tee "$OUT/gpu.txt"
+python3 -m pip install -q --no-index --no-deps .whl/*.whl || exit 1
+start=$(date +%s)
+if ! python3 -m pip install --no-index --no-deps --no-build-isolation -v ${BUILD_DEFINES:-} . >"$OUT/build.log" 2>&1; then
+  tail -60 "$OUT/build.log"; exit 1
+fi
+echo "build: $(( $(date +%s) - start )) s; ptxas warnings: $(grep -c 'ptxas warning' "$OUT/build.log")"
+cd /tmp  # import the installed package, not the source tree
+src=$OLDPWD
+if [ -z "${SKIP_TESTS:-}" ]; then
+  python3 -m pytest "$src/tests" -q -x "$@" 2>&1 | tee "$OUT/tests.log" | tail -15
+fi
+if [ -n "${SANITIZE:-}" ]; then
+  compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest "$src/tests/test_gpu.py" -q -x \
+    -k "clamped or k_zero or zero_tokens" 2>&1 | tail -8 | tee "$OUT/sanitizer.log"
+fi
+if [ -z "${SKIP_BENCH:-}" ]; then
+  python3 "$src/benchmarks/host_overhead.py" 2>&1 | tee "$OUT/host_overhead.log"
+  python3 -m cutlass_moe.bench --json "$OUT/bench.json" ${BENCH_ARGS:-} 2>"$OUT/bench.err" | tee "$OUT/bench.log"
+  tail -3 "$OUT/bench.err"
+fi

@@ -1,0 +1,181 @@
+// Host-side entry points: argument checks, config resolution and dispatch to the kernel instances
+// this build holds. No CUTLASS here; the instance table comes from the generated
+// sm90_grouped_instances.inc (one line per instance, see CMakeLists.txt).
+#include <array>
+#include <atomic>
+#include <sstream>
+
+#include "check.h"
+#include "cutlass_moe/cutlass_moe.h"
+#include "sm90/sm90_grouped_gemm.h"
+#include "zero_rows.h"
+
+namespace cutlass_moe {
+namespace {
+
+struct Instance {
+  const char* arch;
+  DType dtype;
+  WeightLayout layout;
+  KernelConfig config;
+  size_t (*workspace_size)(int64_t num_experts, int sm_count);
+  void (*run)(const MoeGemmProblem&, void*, size_t, int, cudaStream_t);
+};
+
+#define CUTLASS_MOE_SM90_GROUPED_INSTANCE(DTYPE, LAYOUT, CONFIG)                                  \
+  Instance{"sm90", DType::DTYPE, WeightLayout::LAYOUT, KernelConfig::CONFIG,                     \
+           &sm90::GroupedGemmInstance<DType::DTYPE, WeightLayout::LAYOUT, KernelConfig::CONFIG>::workspace_size, \
+           &sm90::GroupedGemmInstance<DType::DTYPE, WeightLayout::LAYOUT, KernelConfig::CONFIG>::run},
+
+const std::vector<Instance>& instances() {
+  static const std::vector<Instance> table = {
+#include "sm90_grouped_instances.inc"
+  };
+  return table;
+}
+
+#undef CUTLASS_MOE_SM90_GROUPED_INSTANCE
+
+const char* dtype_name(DType dtype) { return dtype == DType::kFloat16 ? "fp16" : "bf16"; }
+const char* layout_name(WeightLayout layout) { return layout == WeightLayout::kKN ? "kn" : "nk"; }
+
+constexpr int kMaxDevices = 64;
+
+struct DeviceInfo {
+  int sm_count;
+  int cc;  // 10 * major + minor
+};
+
+// Queried once per device: the attribute calls cost microseconds that a decode step cannot spare.
+DeviceInfo device_info(int device) {
+  static std::array<std::atomic<int>, kMaxDevices> sm_counts{};
+  static std::array<std::atomic<int>, kMaxDevices> ccs{};
+  CUTLASS_MOE_CHECK_ARG(device >= 0 && device < kMaxDevices, "device " << device << " out of range");
+  if (sm_counts[device].load() == 0) {
+    int sms = 0, major = 0, minor = 0;
+    CUTLASS_MOE_CHECK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    CUTLASS_MOE_CHECK_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    CUTLASS_MOE_CHECK_CUDA(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+    ccs[device].store(10 * major + minor);
+    sm_counts[device].store(sms);
+  }
+  return {sm_counts[device].load(), ccs[device].load()};
+}
+
+bool is_empty(const MoeGemmProblem& p) {
+  return p.num_tokens == 0 || p.num_experts == 0 || p.n == 0;
+}
+
+// Resolves kAuto and finds the instance; throws kNotSupported if this build lacks it.
+const Instance& find_instance(const MoeGemmProblem& p, KernelConfig config, int device) {
+  DeviceInfo info = device_info(device);
+  CUTLASS_MOE_CHECK(info.cc == 90, Status::kNotSupported,
+                    "this build has sm90a kernels only; device " << device << " is sm" << info.cc);
+  const bool automatic = config == KernelConfig::kAuto;
+  if (automatic) config = select_config(p, device);
+  const Instance* fallback = nullptr;
+  for (const Instance& inst : instances()) {
+    if (inst.dtype != p.dtype || inst.layout != p.weight_layout) continue;
+    if (inst.config == config) return inst;
+    if (!fallback) fallback = &inst;
+  }
+  // A custom build (CUTLASS_MOE_SM90_CONFIGS) may lack the heuristic's pick: take what is built.
+  if (automatic && fallback) return *fallback;
+  CUTLASS_MOE_CHECK(false, Status::kNotSupported,
+                    "no kernel built for " << dtype_name(p.dtype) << ", weights " << layout_name(p.weight_layout)
+                                           << ", config " << config_name(config));
+}
+
+bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
+
+}  // namespace
+
+const char* config_name(KernelConfig config) {
+  switch (config) {
+    case KernelConfig::kAuto: return "auto";
+    case KernelConfig::kSm90Pingpong_64x128x64_1x1x1: return "sm90_pingpong_64x128x64_1x1x1";
+    case KernelConfig::kSm90Cooperative_128x256x64_1x2x1: return "sm90_cooperative_128x256x64_1x2x1";
+    case KernelConfig::kSm90Cooperative_128x128x64_1x1x1: return "sm90_cooperative_128x128x64_1x1x1";
+    case KernelConfig::kSm90Pingpong_64x256x64_1x1x1: return "sm90_pingpong_64x256x64_1x1x1";
+    case KernelConfig::kSm90Cooperative_256x128x64_2x1x1: return "sm90_cooperative_256x128x64_2x1x1";
+    case KernelConfig::kSm90Pingpong_128x128x64_1x2x1: return "sm90_pingpong_128x128x64_1x2x1";
+  }
+  return "unknown";
+}
+
+void check_problem(const MoeGemmProblem& p) {
+  constexpr int64_t kMaxDim = (int64_t{1} << 31) - 1;  // CUTLASS problem shapes are int
+  CUTLASS_MOE_CHECK_ARG(p.dtype == DType::kFloat16 || p.dtype == DType::kBFloat16, "dtype: unknown value");
+  CUTLASS_MOE_CHECK_ARG(p.weight_layout == WeightLayout::kKN || p.weight_layout == WeightLayout::kNK,
+                        "weight_layout: unknown value");
+  CUTLASS_MOE_CHECK_ARG(p.count_type == IndexType::kInt32 || p.count_type == IndexType::kInt64,
+                        "count_type: unknown value");
+  CUTLASS_MOE_CHECK_ARG(p.num_tokens >= 0 && p.num_tokens <= kMaxDim,
+                        "num_tokens: expected 0 <= T < 2^31, got " << p.num_tokens);
+  CUTLASS_MOE_CHECK_ARG(p.num_experts >= 0 && p.num_experts <= kMaxDim,
+                        "num_experts: expected 0 <= E < 2^31, got " << p.num_experts);
+  CUTLASS_MOE_CHECK_ARG(p.n >= 0 && p.n <= kMaxDim, "n: expected 0 <= N < 2^31, got " << p.n);
+  CUTLASS_MOE_CHECK_ARG(p.k >= 0 && p.k <= kMaxDim, "k: expected 0 <= K < 2^31, got " << p.k);
+  if (is_empty(p)) return;
+  // TMA: 16-byte aligned base addresses and strides; CUTLASS also wants the contiguous extents in
+  // whole 16-byte vectors.
+  CUTLASS_MOE_CHECK_ARG(p.k % 8 == 0, "k: expected a multiple of 8 (16 bytes), got " << p.k);
+  CUTLASS_MOE_CHECK_ARG(p.n % 8 == 0, "n: expected a multiple of 8 (16 bytes), got " << p.n);
+  CUTLASS_MOE_CHECK_ARG(p.tokens_per_expert != nullptr, "tokens_per_expert: null pointer");
+  CUTLASS_MOE_CHECK_ARG(p.out != nullptr && aligned16(p.out), "out: expected a 16-byte aligned pointer");
+  CUTLASS_MOE_CHECK_ARG(p.ldout >= p.n && p.ldout % 8 == 0,
+                        "ldout: expected a multiple of 8 that is >= n = " << p.n << ", got " << p.ldout);
+  if (p.k == 0) return;
+  CUTLASS_MOE_CHECK_ARG(p.x != nullptr && aligned16(p.x), "x: expected a 16-byte aligned pointer");
+  CUTLASS_MOE_CHECK_ARG(p.weights != nullptr && aligned16(p.weights),
+                        "weights: expected a 16-byte aligned pointer");
+  CUTLASS_MOE_CHECK_ARG(p.ldx >= p.k && p.ldx % 8 == 0,
+                        "ldx: expected a multiple of 8 that is >= k = " << p.k << ", got " << p.ldx);
+  const int64_t inner = p.weight_layout == WeightLayout::kKN ? p.n : p.k;
+  CUTLASS_MOE_CHECK_ARG(p.ldw >= inner && p.ldw % 8 == 0,
+                        "ldw: expected a multiple of 8 that is >= " << inner << ", got " << p.ldw);
+  CUTLASS_MOE_CHECK_ARG(p.expert_stride >= 0 && p.expert_stride % 8 == 0,
+                        "expert_stride: expected a non-negative multiple of 8, got " << p.expert_stride);
+}
+
+size_t workspace_size(const MoeGemmProblem& p, KernelConfig config, int device) {
+  check_problem(p);
+  if (is_empty(p) || p.k == 0) return 0;
+  const Instance& inst = find_instance(p, config, device);
+  return inst.workspace_size(p.num_experts, device_info(device).sm_count);
+}
+
+void moe_gemm(const MoeGemmProblem& p, KernelConfig config, void* workspace, size_t workspace_bytes,
+              cudaStream_t stream) {
+  check_problem(p);
+  if (is_empty(p)) return;
+  if (p.k == 0) {
+    launch_zero_computed_rows(p, stream);
+    return;
+  }
+  int device = 0;
+  CUTLASS_MOE_CHECK_CUDA(cudaGetDevice(&device));
+  const Instance& inst = find_instance(p, config, device);
+  inst.run(p, workspace, workspace_bytes, device_info(device).sm_count, stream);
+}
+
+std::vector<std::string> built_instances() {
+  std::vector<std::string> names;
+  for (const Instance& inst : instances()) {
+    std::ostringstream os;
+    os << inst.arch << ":grouped:" << dtype_name(inst.dtype) << ":" << layout_name(inst.layout) << ":"
+       << config_name(inst.config);
+    names.push_back(os.str());
+  }
+  return names;
+}
+
+std::string build_info() {
+  std::ostringstream os;
+  os << "cutlass_moe " << CUTLASS_MOE_VERSION << "; CUDA " << CUDART_VERSION / 1000 << "."
+     << (CUDART_VERSION % 1000) / 10 << "; CUTLASS " << CUTLASS_MOE_CUTLASS_VERSION << "; archs "
+     << CUTLASS_MOE_ARCHS;
+  return os.str();
+}
+
+}  // namespace cutlass_moe

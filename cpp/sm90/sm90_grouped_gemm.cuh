@@ -1,0 +1,244 @@
+// sm90 (Hopper) MoE GEMM on CUTLASS's persistent ptr-array grouped GEMM
+// (KernelPtrArrayTmaWarpSpecialized{Cooperative,Pingpong}, TMA + WGMMA).
+//
+// One call is two launches on the caller's stream:
+//   1. build_grouped_arguments: one CTA reads tokens_per_expert on the device, clamps the counts
+//      (see cutlass_moe.h), and writes each expert's problem shape, A/B/D pointers and strides
+//      into the workspace;
+//   2. the CUTLASS grouped GEMM, with device-only problem shapes (host_problem_shapes = nullptr).
+// The host never reads the counts, so the call is capturable in a CUDA graph and a replay picks up
+// new counts.
+#pragma once
+
+#include <cub/block/block_scan.cuh>
+#include <cute/tensor.hpp>
+#include <cutlass/cutlass.h>
+#include <cutlass/epilogue/collective/collective_builder.hpp>
+#include <cutlass/gemm/collective/collective_builder.hpp>
+#include <cutlass/gemm/device/gemm_universal_adapter.h>
+#include <cutlass/gemm/group_array_problem_shape.hpp>
+#include <cutlass/gemm/kernel/gemm_universal.hpp>
+
+#include "check.h"
+#include "sm90/sm90_configs.cuh"
+#include "sm90/sm90_grouped_gemm.h"
+
+namespace cutlass_moe::sm90 {
+
+template <DType kDType> struct ElementOf;
+template <> struct ElementOf<DType::kFloat16>  { using type = cutlass::half_t; };
+template <> struct ElementOf<DType::kBFloat16> { using type = cutlass::bfloat16_t; };
+
+// WeightLayout -> CUTLASS layout tag of B, which is logically K x N.
+template <WeightLayout kLayout> struct LayoutBOf;
+template <> struct LayoutBOf<WeightLayout::kKN> { using type = cutlass::layout::RowMajor; };     // N contiguous
+template <> struct LayoutBOf<WeightLayout::kNK> { using type = cutlass::layout::ColumnMajor; };  // K contiguous
+
+template <DType kDType, WeightLayout kLayout, KernelConfig kConfig>
+struct GroupedGemmKernel {
+  using Config = ConfigTraits<kConfig>;
+
+  using Element            = typename ElementOf<kDType>::type;
+  using ElementAccumulator = float;                                             // fp32 accumulation
+  using LayoutA            = cutlass::layout::RowMajor;                         // x: T x K, K contiguous
+  using LayoutB            = typename LayoutBOf<kLayout>::type;                 // weights[e]: K x N
+  using LayoutD            = cutlass::layout::RowMajor;                         // out: T x N, N contiguous
+  static constexpr int kAlignment = 128 / cutlass::sizeof_bits<Element>::value;  // 16 bytes, for TMA
+  using ProblemShape       = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>;  // per expert (M, N, K)
+
+  using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
+      typename Config::TileShape, typename Config::ClusterShape,
+      cutlass::epilogue::collective::EpilogueTileAuto,
+      ElementAccumulator, ElementAccumulator,
+      void, LayoutD*, kAlignment,                                               // no C: out is not read
+      Element, LayoutD*, kAlignment,
+      typename Config::EpilogueSchedule,
+      cutlass::epilogue::fusion::LinearCombination<Element, ElementAccumulator, void>
+    >::CollectiveOp;
+
+  using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
+      Element, LayoutA*, kAlignment,
+      Element, LayoutB*, kAlignment,
+      ElementAccumulator,
+      typename Config::TileShape, typename Config::ClusterShape,
+      cutlass::gemm::collective::StageCountAutoCarveout<
+          static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage))>,
+      typename Config::KernelSchedule
+    >::CollectiveOp;
+
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, CollectiveMainloop, CollectiveEpilogue>;
+  using Gemm   = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+
+  using Shape   = typename ProblemShape::UnderlyingProblemShape;
+  using StrideA = typename Kernel::InternalStrideA;
+  using StrideB = typename Kernel::InternalStrideB;
+  using StrideD = typename Kernel::InternalStrideD;
+};
+
+// Per-expert argument arrays, carved from the front of the caller's workspace.
+template <class K>
+struct GroupedArrays {
+  typename K::Shape* shapes;
+  const typename K::Element** ptr_a;
+  const typename K::Element** ptr_b;
+  typename K::Element** ptr_d;
+  typename K::StrideA* stride_a;
+  typename K::StrideB* stride_b;
+  typename K::StrideD* stride_d;
+};
+
+constexpr size_t kWorkspaceAlignment = 256;
+
+inline size_t align_up(size_t bytes, size_t alignment = kWorkspaceAlignment) {
+  return (bytes + alignment - 1) / alignment * alignment;
+}
+
+// Lays the arrays out from `base` (nullptr to only count) and returns the bytes they take.
+template <class K>
+size_t carve_arrays(char* base, int64_t num_experts, GroupedArrays<K>* arrays) {
+  size_t offset = 0;
+  auto take = [&](auto*& ptr, size_t element_bytes) {
+    using T = std::remove_reference_t<decltype(ptr)>;
+    ptr = base ? reinterpret_cast<T>(base + offset) : nullptr;
+    offset += align_up(element_bytes * static_cast<size_t>(num_experts));
+  };
+  take(arrays->shapes, sizeof(typename K::Shape));
+  take(arrays->ptr_a, sizeof(void*));
+  take(arrays->ptr_b, sizeof(void*));
+  take(arrays->ptr_d, sizeof(void*));
+  take(arrays->stride_a, sizeof(typename K::StrideA));
+  take(arrays->stride_b, sizeof(typename K::StrideB));
+  take(arrays->stride_d, sizeof(typename K::StrideD));
+  return offset;
+}
+
+// A stride with its one dynamic (leading-dimension) mode set to `ld`; the other modes are static.
+template <class Stride>
+CUTE_HOST_DEVICE Stride leading_stride(int64_t ld) {
+  Stride stride{};
+  if constexpr (cute::is_static_v<cute::tuple_element_t<0, Stride>>) {
+    cute::get<1>(stride) = ld;
+  } else {
+    cute::get<0>(stride) = ld;
+  }
+  return stride;
+}
+
+constexpr int kBuildThreads = 1024;
+
+// One CTA: prefix-sums the clamped counts 1024 experts at a time and writes the arrays.
+template <class K, class Count>
+__global__ void __launch_bounds__(kBuildThreads)
+build_grouped_arguments(GroupedArrays<K> arrays, const Count* __restrict__ tokens_per_expert,
+                        int64_t num_experts, int64_t num_tokens, int n, int k,
+                        const typename K::Element* x, int64_t ldx,
+                        const typename K::Element* weights, int64_t ldw, int64_t expert_stride,
+                        typename K::Element* out, int64_t ldout) {
+  using BlockScan = cub::BlockScan<int64_t, kBuildThreads>;
+  __shared__ typename BlockScan::TempStorage scan_storage;
+  __shared__ int64_t chunk_base;
+  if (threadIdx.x == 0) chunk_base = 0;
+  __syncthreads();
+
+  for (int64_t first = 0; first < num_experts; first += kBuildThreads) {
+    int64_t e = first + threadIdx.x;
+    int64_t count = 0;
+    if (e < num_experts) {
+      count = static_cast<int64_t>(tokens_per_expert[e]);
+      count = count < 0 ? 0 : (count > num_tokens ? num_tokens : count);
+    }
+    int64_t prefix, chunk_total;
+    BlockScan(scan_storage).ExclusiveSum(count, prefix, chunk_total);
+    int64_t start = chunk_base + prefix;  // at most E * T: no overflow for T < 2^31, E < 2^32
+    if (e < num_experts) {
+      start = start < num_tokens ? start : num_tokens;
+      int64_t rows = count < num_tokens - start ? count : num_tokens - start;
+      arrays.shapes[e]   = typename K::Shape{static_cast<int>(rows), n, k};
+      arrays.ptr_a[e]    = x + start * ldx;
+      arrays.ptr_b[e]    = weights + e * expert_stride;
+      arrays.ptr_d[e]    = out + start * ldout;
+      arrays.stride_a[e] = leading_stride<typename K::StrideA>(ldx);
+      arrays.stride_b[e] = leading_stride<typename K::StrideB>(ldw);
+      arrays.stride_d[e] = leading_stride<typename K::StrideD>(ldout);
+    }
+    __syncthreads();  // everyone has read chunk_base and scan_storage
+    if (threadIdx.x == 0) chunk_base += chunk_total;
+    __syncthreads();
+  }
+}
+
+template <class K>
+typename K::Gemm::Arguments make_arguments(const GroupedArrays<K>& arrays, int64_t num_experts,
+                                           int device, int sm_count) {
+  typename K::Gemm::Arguments args{};
+  args.mode = cutlass::gemm::GemmUniversalMode::kGrouped;
+  args.problem_shape = {static_cast<int>(num_experts), arrays.shapes, /*host_problem_shapes=*/nullptr};
+  args.mainloop = {arrays.ptr_a, arrays.stride_a, arrays.ptr_b, arrays.stride_b};
+  args.epilogue.thread.alpha = 1.0f;
+  args.epilogue.thread.beta = 0.0f;
+  args.epilogue.ptr_C = nullptr;
+  args.epilogue.dC = nullptr;
+  args.epilogue.ptr_D = arrays.ptr_d;
+  args.epilogue.dD = arrays.stride_d;
+  args.hw_info.device_id = device;
+  args.hw_info.sm_count = sm_count;
+  return args;
+}
+
+template <DType kDType, WeightLayout kLayout, KernelConfig kConfig>
+size_t GroupedGemmInstance<kDType, kLayout, kConfig>::workspace_size(int64_t num_experts, int sm_count) {
+  using K = GroupedGemmKernel<kDType, kLayout, kConfig>;
+  GroupedArrays<K> arrays{};
+  size_t array_bytes = carve_arrays<K>(nullptr, num_experts, &arrays);
+  auto args = make_arguments<K>(arrays, num_experts, /*device=*/0, sm_count);
+  return array_bytes + align_up(K::Gemm::get_workspace_size(args));
+}
+
+template <DType kDType, WeightLayout kLayout, KernelConfig kConfig>
+void GroupedGemmInstance<kDType, kLayout, kConfig>::run(const MoeGemmProblem& p, void* workspace,
+                                                        size_t workspace_bytes, int sm_count,
+                                                        cudaStream_t stream) {
+  using K = GroupedGemmKernel<kDType, kLayout, kConfig>;
+  using Element = typename K::Element;
+  size_t needed = workspace_size(p.num_experts, sm_count);
+  CUTLASS_MOE_CHECK(workspace_bytes >= needed, Status::kWorkspaceTooSmall,
+                    "workspace: expected at least " << needed << " bytes, got " << workspace_bytes);
+  CUTLASS_MOE_CHECK_ARG(reinterpret_cast<uintptr_t>(workspace) % kWorkspaceAlignment == 0,
+                        "workspace must be " << kWorkspaceAlignment << "-byte aligned");
+
+  GroupedArrays<K> arrays{};
+  char* base = static_cast<char*>(workspace);
+  size_t array_bytes = carve_arrays<K>(base, p.num_experts, &arrays);
+
+  auto build = [&](auto const* counts) {
+    build_grouped_arguments<K><<<1, kBuildThreads, 0, stream>>>(
+        arrays, counts, p.num_experts, p.num_tokens, static_cast<int>(p.n), static_cast<int>(p.k),
+        static_cast<const Element*>(p.x), p.ldx, static_cast<const Element*>(p.weights), p.ldw,
+        p.expert_stride, static_cast<Element*>(p.out), p.ldout);
+  };
+  if (p.count_type == IndexType::kInt32) {
+    build(static_cast<const int32_t*>(p.tokens_per_expert));
+  } else {
+    build(static_cast<const int64_t*>(p.tokens_per_expert));
+  }
+  CUTLASS_MOE_CHECK_CUDA(cudaGetLastError());
+
+  int device = 0;
+  CUTLASS_MOE_CHECK_CUDA(cudaGetDevice(&device));
+  auto args = make_arguments<K>(arrays, p.num_experts, device, sm_count);
+  typename K::Gemm gemm;
+  cutlass::Status status = gemm.can_implement(args);
+  CUTLASS_MOE_CHECK(status == cutlass::Status::kSuccess, Status::kCutlassError,
+                    "CUTLASS can_implement: " << cutlassGetStatusString(status));
+  status = gemm.initialize(args, base + array_bytes, stream);
+  CUTLASS_MOE_CHECK(status == cutlass::Status::kSuccess, Status::kCutlassError,
+                    "CUTLASS initialize: " << cutlassGetStatusString(status));
+  status = gemm.run(stream);
+  CUTLASS_MOE_CHECK(status == cutlass::Status::kSuccess, Status::kCutlassError,
+                    "CUTLASS run: " << cutlassGetStatusString(status));
+  CUTLASS_MOE_CHECK_CUDA(cudaGetLastError());
+}
+
+}  // namespace cutlass_moe::sm90

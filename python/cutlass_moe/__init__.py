@@ -1,0 +1,27 @@
+"""cutlass_moe: Mixture-of-Experts grouped GEMM for PyTorch on CUTLASS.
+
+    y = cutlass_moe.moe_gemm(x, weights, tokens_per_expert)
+
+See :func:`moe_gemm` for shapes and semantics, ``python -m cutlass_moe.bench`` for the benchmark.
+"""
+from __future__ import annotations
+
+from typing import Dict, List
+
+from . import _C
+from .ops import moe_gemm, select_config
+from .reference import expert_row_ranges, moe_gemm_reference
+
+__version__ = "0.1.0"
+
+__all__ = ["moe_gemm", "moe_gemm_reference", "expert_row_ranges", "select_config", "built_configs", "build_info"]
+
+
+def built_configs() -> List[str]:
+    """Kernel instances this build holds, as ``arch:family:dtype:layout:config`` strings."""
+    return list(_C.built_instances())
+
+
+def build_info() -> Dict[str, object]:
+    """What the compiled core was built with: versions, archs and kernel instances."""
+    return {"version": __version__, "summary": _C.build_info(), "instances": built_configs()}

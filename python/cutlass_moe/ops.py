@@ -1,0 +1,200 @@
+"""The public op: :func:`moe_gemm`, its argument checks, and the call into the compiled core."""
+from __future__ import annotations
+
+import functools
+from typing import Optional, Tuple
+
+import torch
+
+from . import _C
+from .reference import moe_gemm_reference
+
+# Enum values of the C++ API (include/cutlass_moe/cutlass_moe.h).
+_DTYPES = {torch.float16: 0, torch.bfloat16: 1}
+_COUNT_TYPES = {torch.int32: 0, torch.int64: 1}
+_LAYOUT_KN, _LAYOUT_NK = 0, 1
+_CONFIGS = dict(_C.config_names())  # name -> value, "auto" -> -1
+_CONFIG_NAMES = {value: name for name, value in _CONFIGS.items()}
+
+_ALIGN_BYTES = 16  # TMA wants 16-byte aligned addresses and strides
+
+
+def _check_tensor(name: str, t, ndim: int) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != ndim:
+        raise ValueError(f"{name}: expected {ndim} dimensions, got shape {tuple(t.shape)}")
+
+
+def _weight_layout(weights: torch.Tensor, trans_b: bool) -> Tuple[int, int]:
+    """(layout, leading dimension) of the per-expert K x N matrix, read off the strides.
+
+    Any view whose innermost dimension is contiguous is taken as it is, without a copy. (K and N
+    are multiples of 8 by then, so a size-1 dimension cannot make the strides ambiguous.)
+    """
+    _, s1, s2 = weights.stride()
+    # The tensor is (E, K, N) for trans_b=False and (E, N, K) for trans_b=True.
+    if s2 == 1:
+        return (_LAYOUT_NK if trans_b else _LAYOUT_KN), s1
+    if s1 == 1:
+        return (_LAYOUT_KN if trans_b else _LAYOUT_NK), s2
+    raise ValueError(
+        f"weights: one of the last two dimensions must be contiguous (stride 1), got strides "
+        f"{tuple(weights.stride())} for shape {tuple(weights.shape)}")
+
+
+def _check_aligned(name: str, t: torch.Tensor, strides) -> None:
+    if t.data_ptr() % _ALIGN_BYTES:
+        raise ValueError(f"{name}: data pointer must be {_ALIGN_BYTES}-byte aligned, got 0x{t.data_ptr():x}")
+    elem = t.element_size()
+    for what, stride in strides:
+        if (stride * elem) % _ALIGN_BYTES:
+            raise ValueError(
+                f"{name}: {what} of {stride} elements is not a multiple of {_ALIGN_BYTES} bytes")
+
+
+@functools.lru_cache(maxsize=4096)
+def _workspace_size(dtype: int, layout: int, t: int, e: int, n: int, k: int, config: int, device: int) -> int:
+    return _C.workspace_size(dtype, layout, t, e, n, k, config, device)
+
+
+def select_config(num_tokens: int, num_experts: int, n: int, k: int) -> str:
+    """The config ``config="auto"`` takes for these sizes (a choice from T/E, N and K alone)."""
+    return _CONFIG_NAMES[_C.select_config(num_tokens, num_experts, n, k)]
+
+
+def moe_gemm(
+    x: torch.Tensor,
+    weights: torch.Tensor,
+    tokens_per_expert: torch.Tensor,
+    *,
+    trans_b: bool = False,
+    out: Optional[torch.Tensor] = None,
+    config: str = "auto",
+) -> torch.Tensor:
+    """Grouped GEMM over experts: ``out[rows_e] = x[rows_e] @ W_e`` with fp32 accumulation.
+
+    Args:
+        x: (T, K) bf16 or fp16, rows sorted by expert (expert 0's rows first). Rows may be
+            strided; the last dimension must be contiguous.
+        weights: (E, K, N), or (E, N, K) with ``trans_b=True`` (the nn.Linear layout, computing
+            ``x_e @ weights[e].T``). Any view whose innermost dimension is contiguous is used
+            without a copy, e.g. an (E, N, K) tensor's ``.transpose(1, 2)`` with ``trans_b=False``.
+        tokens_per_expert: (E,) int32 or int64, on x's device or on the CPU. On the device it is
+            never read by the host (no synchronization, CUDA-graph safe).
+        trans_b: whether ``weights`` is (E, N, K).
+        out: optional (T, N) tensor of x's dtype to write into; its last dimension must be
+            contiguous.
+        config: ``"auto"`` (heuristic from T/E, N, K) or a kernel config name from
+            :func:`cutlass_moe.built_configs`.
+
+    Returns:
+        (T, N) tensor of x's dtype. Expert e owns rows ``[start_e, start_e + count_e)`` where the
+        counts are clamped to [0, T] and the running start is capped at T (so counts summing past T
+        are cut off at T, on the device). Rows past the last owned row are left unwritten: a new
+        output holds whatever ``torch.empty`` gave there.
+
+    Raises:
+        TypeError / ValueError naming the argument, before any launch. Counts on the CPU are
+        checked on the host: negative counts, or counts summing past T, raise ValueError.
+
+    Example::
+
+        >>> import torch, cutlass_moe
+        >>> x = torch.randn(96, 128, dtype=torch.bfloat16)
+        >>> w = torch.randn(3, 128, 64, dtype=torch.bfloat16)
+        >>> counts = torch.tensor([32, 0, 64])
+        >>> y = cutlass_moe.moe_gemm(x, w, counts)
+        >>> ref = cutlass_moe.moe_gemm_reference(x, w, counts)
+        >>> bool(torch.allclose(y.float(), ref, rtol=2e-2, atol=1e-1))
+        True
+    """
+    _check_tensor("x", x, 2)
+    _check_tensor("weights", weights, 3)
+    _check_tensor("tokens_per_expert", tokens_per_expert, 1)
+    if x.dtype not in _DTYPES:
+        raise TypeError(f"x: expected dtype torch.bfloat16 or torch.float16, got {x.dtype}")
+    if weights.dtype != x.dtype:
+        raise TypeError(f"weights: dtype {weights.dtype} does not match x's {x.dtype}")
+    if tokens_per_expert.dtype not in _COUNT_TYPES:
+        raise TypeError(f"tokens_per_expert: expected dtype torch.int32 or torch.int64, got {tokens_per_expert.dtype}")
+    if not isinstance(trans_b, bool):
+        raise TypeError(f"trans_b: expected a bool, got {type(trans_b).__name__}")
+    if config not in _CONFIGS:
+        raise ValueError(f"config: expected 'auto' or one of {sorted(n for n in _CONFIGS if n != 'auto')}, got {config!r}")
+
+    num_tokens, k = x.shape
+    num_experts = weights.shape[0]
+    wk, n = (weights.shape[2], weights.shape[1]) if trans_b else (weights.shape[1], weights.shape[2])
+    if wk != k:
+        dims = "(E, N, K)" if trans_b else "(E, K, N)"
+        raise ValueError(f"weights: expected shape {dims} with K = {k} (x is {tuple(x.shape)}), got {tuple(weights.shape)}")
+    if tokens_per_expert.shape[0] != num_experts:
+        raise ValueError(f"tokens_per_expert: expected {num_experts} entries (one per expert), got {tokens_per_expert.shape[0]}")
+    if weights.device != x.device:
+        raise ValueError(f"weights: on {weights.device}, expected x's device {x.device}")
+    if tokens_per_expert.device != x.device and tokens_per_expert.device.type != "cpu":
+        raise ValueError(f"tokens_per_expert: on {tokens_per_expert.device}, expected x's device {x.device} or the CPU")
+    if out is not None:
+        _check_tensor("out", out, 2)
+        if out.dtype != x.dtype:
+            raise TypeError(f"out: dtype {out.dtype} does not match x's {x.dtype}")
+        if tuple(out.shape) != (num_tokens, n):
+            raise ValueError(f"out: expected shape {(num_tokens, n)}, got {tuple(out.shape)}")
+        if out.device != x.device:
+            raise ValueError(f"out: on {out.device}, expected x's device {x.device}")
+    if tokens_per_expert.device.type == "cpu":
+        counts = tokens_per_expert
+        if bool((counts < 0).any()):
+            raise ValueError(f"tokens_per_expert: counts must be >= 0, got {counts.tolist()}")
+        total = int(counts.sum())
+        if total > num_tokens:
+            raise ValueError(f"tokens_per_expert: counts sum to {total}, more than the {num_tokens} rows of x")
+
+    if x.device.type == "cpu":
+        if out is None:
+            out = torch.empty(num_tokens, n, dtype=x.dtype)
+        return moe_gemm_reference(x, weights, tokens_per_expert, trans_b=trans_b, out=out)
+    if x.device.type != "cuda":
+        raise ValueError(f"x: expected a CUDA or CPU tensor, got device {x.device}")
+    return _moe_gemm_cuda(x, weights, tokens_per_expert, trans_b, out, config, num_tokens, num_experts, n, k)
+
+
+def _moe_gemm_cuda(x, weights, tokens_per_expert, trans_b, out, config, num_tokens, num_experts, n, k):
+    if out is None:
+        out = torch.empty(num_tokens, n, dtype=x.dtype, device=x.device)
+    if num_tokens == 0 or num_experts == 0 or n == 0:
+        return out
+    if k > 0 and x.stride(1) != 1:
+        raise ValueError(f"x: the last dimension must be contiguous, got strides {tuple(x.stride())}")
+    if out.stride(1) != 1:
+        raise ValueError(f"out: the last dimension must be contiguous, got strides {tuple(out.stride())}")
+    if k % 8 or n % 8:
+        raise ValueError(f"x/weights: K = {k} and N = {n} must be multiples of 8 (16 bytes, for TMA)")
+    layout, ldw = _weight_layout(weights, trans_b) if k > 0 else (_LAYOUT_NK if trans_b else _LAYOUT_KN, n)
+    expert_stride = weights.stride(0) if num_experts > 1 else 0
+    ldx = x.stride(0) if num_tokens > 1 else k
+    ldout = out.stride(0) if num_tokens > 1 else n
+    _check_aligned("out", out, [("row stride", ldout)])
+    if k > 0:
+        _check_aligned("x", x, [("row stride", ldx)])
+        _check_aligned("weights", weights, [("leading stride", ldw), ("expert stride", expert_stride)])
+
+    counts = tokens_per_expert
+    if counts.device != x.device:
+        counts = counts.to(x.device, non_blocking=True)
+    dtype = _DTYPES[x.dtype]
+    config_id = _CONFIGS[config]
+    device = x.device.index
+    ws_bytes = _workspace_size(dtype, layout, num_tokens, num_experts, n, k, config_id, device)
+    workspace = torch.empty(ws_bytes, dtype=torch.uint8, device=x.device)
+    args = (dtype, layout, _COUNT_TYPES[counts.dtype], num_tokens, num_experts, n, k,
+            x.data_ptr(), ldx, weights.data_ptr(), ldw, expert_stride, out.data_ptr(), ldout,
+            counts.data_ptr(), config_id, workspace.data_ptr(), ws_bytes,
+            torch.cuda.current_stream(device).cuda_stream)
+    if device == torch.cuda.current_device():
+        _C.moe_gemm(*args)
+    else:  # the core launches on the current device
+        with torch.cuda.device(device):
+            _C.moe_gemm(*args)
+    return out

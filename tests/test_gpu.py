@@ -1,0 +1,182 @@
+"""GPU tests of the sm90 kernels against a float32 reference. Skipped (with a reason) where there
+is no sm90 GPU; run them on the GPU machine."""
+import pytest
+import torch
+
+import cutlass_moe
+from cutlass_moe import moe_gemm, moe_gemm_reference
+
+from conftest import random_counts, requires_sm90
+
+pytestmark = requires_sm90
+
+SMALL_M = "sm90_pingpong_64x128x64_1x1x1"
+LARGE_M = "sm90_cooperative_128x256x64_1x2x1"
+CONFIGS = [SMALL_M, LARGE_M]
+
+
+def make_weights(e, k, n, dtype, variant, gen):
+    """(weights, trans_b) for one of the four ways a user hands over K x N matrices."""
+    if variant == "kn":  # (E, K, N)
+        return torch.randn(e, k, n, device="cuda", dtype=dtype, generator=gen), False
+    if variant == "nk":  # (E, N, K), nn.Linear layout
+        return torch.randn(e, n, k, device="cuda", dtype=dtype, generator=gen), True
+    if variant == "nk_view":  # (E, N, K).transpose(1, 2): logical (E, K, N), K contiguous
+        return torch.randn(e, n, k, device="cuda", dtype=dtype, generator=gen).transpose(1, 2), False
+    if variant == "kn_view":  # (E, K, N).transpose(1, 2): logical (E, N, K), N contiguous
+        return torch.randn(e, k, n, device="cuda", dtype=dtype, generator=gen).transpose(1, 2), True
+    raise ValueError(variant)
+
+
+def check(y, x, w, counts, trans_b, poison_rows_from=None):
+    ref = moe_gemm_reference(x, w, counts, trans_b=trans_b)
+    rows = cutlass_moe.expert_row_ranges(counts, x.shape[0])
+    written = rows[-1][1] if rows else 0
+    got, want = y[:written].float(), ref[:written]
+    assert torch.isfinite(got).all(), "a row an expert owns was not written"
+    err = (got - want).norm() / want.norm().clamp_min(1e-6)
+    assert err < 1e-2, f"relative error {err:.2e}"
+    if poison_rows_from is not None:
+        assert torch.isnan(y[written:].float()).all(), "rows past the owned rows must be left unwritten"
+
+
+def run_case(t, k, n, e, dtype, variant, config, kind, seed=0, count_dtype=torch.int32, counts_on="cuda", tail=0):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    cpu_gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(t, k, device="cuda", dtype=dtype, generator=gen)
+    w, trans_b = make_weights(e, k, n, dtype, variant, gen)
+    counts = random_counts(e, t - tail, cpu_gen, kind).to(counts_on, count_dtype)
+    out = torch.full((t, n), float("nan"), device="cuda", dtype=dtype)
+    y = moe_gemm(x, w, counts, trans_b=trans_b, out=out, config=config)
+    assert y is out
+    check(y, x, w, counts, trans_b, poison_rows_from=True)
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+@pytest.mark.parametrize("variant", ["kn", "nk", "nk_view", "kn_view"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_dtypes_layouts_and_configs(dtype, variant, config):
+    run_case(t=1000, k=256, n=384, e=8, dtype=dtype, variant=variant, config=config, kind="random", tail=37)
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+@pytest.mark.parametrize("kind", ["random", "hot", "one", "uniform"])
+@pytest.mark.parametrize("e", [1, 5, 64, 160])
+def test_irregular_splits(e, kind, config):
+    run_case(t=2053, k=128, n=136, e=e, dtype=torch.bfloat16, variant="kn", config=config, kind=kind, seed=e)
+
+
+@pytest.mark.parametrize("counts_on", ["cuda", "cpu"])
+@pytest.mark.parametrize("count_dtype", [torch.int32, torch.int64])
+def test_count_types_and_devices(count_dtype, counts_on):
+    run_case(t=777, k=64, n=64, e=12, dtype=torch.float16, variant="nk", config="auto", kind="random",
+             count_dtype=count_dtype, counts_on=counts_on, tail=13)
+
+
+def test_auto_config_and_new_output():
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    x = torch.randn(4096, 512, device="cuda", dtype=torch.bfloat16, generator=gen)
+    w = torch.randn(16, 512, 1024, device="cuda", dtype=torch.bfloat16, generator=gen)
+    counts = random_counts(16, 4096, torch.Generator().manual_seed(1)).cuda()
+    y = moe_gemm(x, w, counts)
+    assert y.shape == (4096, 1024) and y.dtype == torch.bfloat16
+    check(y, x, w, counts, False)
+
+
+def test_zero_tokens_and_empty_experts():
+    x = torch.empty(0, 64, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(4, 64, 32, device="cuda", dtype=torch.bfloat16)
+    assert moe_gemm(x, w, torch.zeros(4, dtype=torch.int32, device="cuda")).shape == (0, 32)
+    x = torch.randn(16, 64, device="cuda", dtype=torch.bfloat16)
+    out = torch.full((16, 32), float("nan"), device="cuda", dtype=torch.bfloat16)
+    moe_gemm(x, w, torch.zeros(4, dtype=torch.int32, device="cuda"), out=out)
+    assert torch.isnan(out.float()).all(), "all-zero counts write nothing"
+
+
+def test_k_zero_writes_zeros_to_owned_rows():
+    x = torch.empty(10, 0, device="cuda", dtype=torch.bfloat16)
+    w = torch.empty(2, 0, 16, device="cuda", dtype=torch.bfloat16)
+    out = torch.full((10, 16), float("nan"), device="cuda", dtype=torch.bfloat16)
+    moe_gemm(x, w, torch.tensor([3, 4], device="cuda"), out=out)
+    assert (out[:7] == 0).all() and torch.isnan(out[7:].float()).all()
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+@pytest.mark.parametrize("counts", [[5000, 5000, 5000], [-7, 300, 2**31 - 1], [0, 0, 999], [-1, -1, -1]])
+def test_bad_device_counts_are_clamped_on_the_device(counts, config):
+    # Counts on the device are never read by the host: overruns are clamped in the kernel, and
+    # nothing outside x, weights or out is touched (run under compute-sanitizer on the GPU machine).
+    t = 1000
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    x = torch.randn(t, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+    w = torch.randn(3, 128, 256, device="cuda", dtype=torch.bfloat16, generator=gen)
+    c = torch.tensor(counts, device="cuda", dtype=torch.int64)
+    out = torch.full((t, 256), float("nan"), device="cuda", dtype=torch.bfloat16)
+    moe_gemm(x, w, c, out=out, config=config)
+    torch.cuda.synchronize()
+    check(out, x, w, c, False, poison_rows_from=True)
+
+
+def test_strided_x_and_out():
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    x = torch.randn(300, 192, device="cuda", dtype=torch.bfloat16, generator=gen)[:, :128]  # ldx 192
+    w = torch.randn(4, 128, 64, device="cuda", dtype=torch.bfloat16, generator=gen)
+    big = torch.full((300, 96), float("nan"), device="cuda", dtype=torch.bfloat16)
+    out = big[:, 16:80]  # ldout 96, 32-byte offset
+    counts = torch.tensor([100, 0, 150, 40], device="cuda")
+    moe_gemm(x, w, counts, out=out)
+    check(out, x, w, counts, False, poison_rows_from=True)
+    assert torch.isnan(big[:, :16].float()).all() and torch.isnan(big[:, 80:].float()).all()
+
+
+def test_misaligned_views_are_rejected():
+    x = torch.randn(64, 72, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(2, 64, 64, device="cuda", dtype=torch.bfloat16)
+    counts = torch.tensor([32, 32], device="cuda")
+    with pytest.raises(ValueError, match="x: data pointer must be 16-byte aligned"):
+        moe_gemm(x[:, 1:65], w, counts)
+    with pytest.raises(ValueError, match="K = 60 and N = 64 must be multiples of 8"):
+        moe_gemm(x[:, :60], w[:, :60], counts)
+    with pytest.raises(ValueError, match="x: the last dimension must be contiguous"):
+        moe_gemm(torch.randn(64, 64, 2, device="cuda", dtype=torch.bfloat16)[..., 0], w, counts)
+    with pytest.raises(ValueError, match="weights: leading stride of 68 elements"):
+        moe_gemm(x[:, :64], torch.randn(2, 64, 68, device="cuda", dtype=torch.bfloat16)[:, :, :64], counts)
+
+
+def test_non_default_stream():
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    x = torch.randn(2048, 256, device="cuda", dtype=torch.bfloat16, generator=gen)
+    w = torch.randn(8, 256, 512, device="cuda", dtype=torch.bfloat16, generator=gen)
+    counts = random_counts(8, 2048, torch.Generator().manual_seed(3)).cuda()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        y = moe_gemm(x, w, counts)
+    stream.synchronize()
+    check(y, x, w, counts, False)
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_cuda_graph_replay_with_new_counts(config):
+    gen = torch.Generator(device="cuda").manual_seed(4)
+    t, e = 1536, 16
+    x = torch.randn(t, 256, device="cuda", dtype=torch.bfloat16, generator=gen)
+    w = torch.randn(e, 256, 256, device="cuda", dtype=torch.bfloat16, generator=gen)
+    counts = random_counts(e, t, torch.Generator().manual_seed(0)).to("cuda", torch.int32)
+    out = torch.empty(t, 256, device="cuda", dtype=torch.bfloat16)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        moe_gemm(x, w, counts, out=out, config=config)  # warm-up outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        moe_gemm(x, w, counts, out=out, config=config)
+    for seed, kind in [(1, "random"), (2, "hot"), (3, "one"), (4, "uniform")]:
+        new = random_counts(e, t - 11, torch.Generator().manual_seed(seed), kind).to("cuda", torch.int32)
+        counts.copy_(new)
+        out.fill_(float("nan"))
+        x.normal_(generator=gen)
+        graph.replay()
+        torch.cuda.synchronize()
+        check(out, x, w, new, False, poison_rows_from=True)

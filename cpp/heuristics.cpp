@@ -7,13 +7,16 @@ namespace cutlass_moe {
 KernelConfig select_config(const MoeGemmProblem& problem, int /*device*/) {
   const int64_t experts = problem.num_experts > 0 ? problem.num_experts : 1;
   const int64_t rows_per_expert = problem.num_tokens / experts;
-  // Decode: a few rows per expert, so the GEMM streams weights. A 64-row tile wastes less of the
-  // MMA on padding rows, and pingpong overlaps one tile's epilogue with the next one's mainloop.
-  if (rows_per_expert <= 64) {
-    return KernelConfig::kSm90Pingpong_64x128x64_1x1x1;
+  // Measured on an H200 over the public cases (bf16, all six sm90 configs; numbers in
+  // benchmarks/NOTES.md): the 64x256 pingpong tile is fastest or within 3% from decode
+  // (a few rows per expert) through a few hundred rows per expert, since a 64-row tile wastes
+  // the least on each expert's last, partial tile and pingpong overlaps one tile's epilogue with
+  // the next one's mainloop. Only with thousands of rows per expert does the 128x256 cooperative
+  // tile with a 1x2 cluster (x tile multicast to both CTAs) win, by 3-7%.
+  if (rows_per_expert >= 2048) {
+    return KernelConfig::kSm90Cooperative_128x256x64_1x2x1;
   }
-  // Prefill: large tiles for operand reuse; the 1x2 cluster multicasts the x tile to both CTAs.
-  return KernelConfig::kSm90Cooperative_128x256x64_1x2x1;
+  return KernelConfig::kSm90Pingpong_64x256x64_1x1x1;
 }
 
 }  // namespace cutlass_moe

@@ -118,14 +118,16 @@ def test_empty_problems_on_cpu():
 
 
 @pytest.mark.parametrize("t,e,n,k,expect", [
-    (1024, 256, 4096, 7168, "sm90_pingpong_64x128x64_1x1x1"),     # dsv3-decode
-    (512, 128, 1536, 2048, "sm90_pingpong_64x128x64_1x1x1"),      # qwen3-30b-decode
-    (64, 8, 28672, 4096, "sm90_pingpong_64x128x64_1x1x1"),        # mixtral-decode
-    (32768, 256, 4096, 7168, "sm90_cooperative_128x256x64_1x2x1"),  # dsv3-prefill
-    (8192, 8, 28672, 4096, "sm90_cooperative_128x256x64_1x2x1"),    # mixtral-prefill
-    (24576, 128, 1024, 1024, "sm90_cooperative_128x256x64_1x2x1"),  # seed000-g128
+    (1024, 256, 4096, 7168, "sm90_pingpong_64x256x64_1x1x1"),       # dsv3-decode
+    (512, 128, 1536, 2048, "sm90_pingpong_64x256x64_1x1x1"),        # qwen3-30b-decode
+    (64, 8, 28672, 4096, "sm90_pingpong_64x256x64_1x1x1"),          # mixtral-decode
+    (32768, 256, 4096, 7168, "sm90_pingpong_64x256x64_1x1x1"),      # dsv3-prefill, 128 rows/expert
+    (24576, 128, 1024, 1024, "sm90_pingpong_64x256x64_1x1x1"),      # seed000-g128
+    (24576, 8, 1024, 1024, "sm90_cooperative_128x256x64_1x2x1"),    # seed000-g8, 3072 rows/expert
+    (30720, 12, 3072, 1024, "sm90_cooperative_128x256x64_1x2x1"),   # seed004-uniform
+    (0, 0, 8, 8, "sm90_pingpong_64x256x64_1x1x1"),
 ])
-def test_heuristic_picks_small_m_for_decode_and_large_m_for_prefill(t, e, n, k, expect):
+def test_heuristic_picks_small_m_tiles_unless_experts_have_thousands_of_rows(t, e, n, k, expect):
     assert cutlass_moe.select_config(t, e, n, k) == expect
 
 
@@ -135,7 +137,7 @@ def test_compiled_module_reports_its_build():
     instances = set(info["instances"])
     for dtype in ("bf16", "fp16"):
         for layout in ("kn", "nk"):
-            for config in ("sm90_pingpong_64x128x64_1x1x1", "sm90_cooperative_128x256x64_1x2x1"):
+            for config in ("sm90_pingpong_64x256x64_1x1x1", "sm90_cooperative_128x256x64_1x2x1"):
                 assert f"sm90:grouped:{dtype}:{layout}:{config}" in instances
 
 

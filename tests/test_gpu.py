@@ -10,7 +10,7 @@ from conftest import random_counts, requires_sm90
 
 pytestmark = requires_sm90
 
-SMALL_M = "sm90_pingpong_64x128x64_1x1x1"
+SMALL_M = "sm90_pingpong_64x256x64_1x1x1"
 LARGE_M = "sm90_cooperative_128x256x64_1x2x1"
 CONFIGS = [SMALL_M, LARGE_M]
 

@@ -44,8 +44,9 @@ enum class WeightLayout : int {
 // Kernel configurations. The numbers are CTA tile M x N x K and the cluster shape.
 enum class KernelConfig : int {
   kAuto = -1,                             // pick by heuristic (select_config)
-  kSm90Pingpong_64x128x64_1x1x1 = 0,      // small M per expert (decode)
-  kSm90Cooperative_128x256x64_1x2x1 = 1,  // large M per expert (prefill)
+  kSm90Pingpong_64x128x64_1x1x1 = 0,
+  kSm90Cooperative_128x256x64_1x2x1 = 1,  // default build: thousands of rows per expert
+  // (kSm90Pingpong_64x256x64_1x1x1 below is the default build's small-M config)
   kSm90Cooperative_128x128x64_1x1x1 = 2,
   kSm90Pingpong_64x256x64_1x1x1 = 3,
   kSm90Cooperative_256x128x64_2x1x1 = 4,

@@ -12,7 +12,11 @@ mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used --format=csv | tee "$OUT/gpu.txt"
 python3 -m pip install -q --no-index --no-deps .whl/*.whl || exit 1
 start=$(date +%s)
-if ! python3 -m pip install --no-index --no-deps --no-build-isolation -v ${BUILD_DEFINES:-} . >"$OUT/build.log" 2>&1; then
+# One build folder per set of build options: CMake caches -D values, so a folder reused with other
+# options would silently keep the old instance table.
+build_dir="build/device-$(echo "${BUILD_DEFINES:-default}" | md5sum | cut -c1-8)"
+if ! python3 -m pip install --no-index --no-deps --no-build-isolation -v -C build-dir="$build_dir" \
+    ${BUILD_DEFINES:-} . >"$OUT/build.log" 2>&1; then
   tail -60 "$OUT/build.log"; exit 1
 fi
 echo "build: $(( $(date +%s) - start )) s; ptxas warnings: $(grep -c 'ptxas warning' "$OUT/build.log")"

@@ -34,7 +34,8 @@ def main() -> None:
     offs = torch.cumsum(counts, 0, dtype=torch.int32)
     rows = {
         "moe_gemm": lambda: cutlass_moe.moe_gemm(x, w, counts),
-        "moe_gemm(out=)": lambda: cutlass_moe.moe_gemm(x, w, counts, out=out),
+        "moe_gemm grouped": lambda: cutlass_moe.moe_gemm(x, w, counts, out=out, backend="grouped"),
+        "moe_gemm moe": lambda: cutlass_moe.moe_gemm(x, w, counts, out=out, backend="moe"),
         "torch._grouped_mm": lambda: torch._grouped_mm(x, w, offs=offs),
     }
     print(f"host us/call over {args.calls} calls (E={e} T={t} K={k} N={n}, bf16) on {torch.cuda.get_device_name()}")

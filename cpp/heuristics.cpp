@@ -4,7 +4,14 @@
 
 namespace cutlass_moe {
 
-KernelConfig select_config(const MoeGemmProblem& problem, int /*device*/) {
+Backend select_backend(const MoeGemmProblem& /*problem*/, int /*device*/) {
+  return Backend::kGrouped;
+}
+
+KernelConfig select_config(const MoeGemmProblem& problem, Backend backend, int /*device*/) {
+  if (backend == Backend::kMoe) {
+    return KernelConfig::kSm90Pingpong_64x256x64_1x1x1;  // the one config the MoE family implements
+  }
   const int64_t experts = problem.num_experts > 0 ? problem.num_experts : 1;
   const int64_t rows_per_expert = problem.num_tokens / experts;
   // Measured on an H200 over the public cases (bf16, all six sm90 configs; numbers in

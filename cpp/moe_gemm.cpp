@@ -8,6 +8,7 @@
 #include "check.h"
 #include "cutlass_moe/cutlass_moe.h"
 #include "sm90/sm90_grouped_gemm.h"
+#include "sm90/sm90_moe_gemm.h"
 #include "zero_rows.h"
 
 namespace cutlass_moe {
@@ -15,6 +16,7 @@ namespace {
 
 struct Instance {
   const char* arch;
+  Backend backend;
   DType dtype;
   WeightLayout layout;
   KernelConfig config;
@@ -22,19 +24,26 @@ struct Instance {
   void (*run)(const MoeGemmProblem&, void*, size_t, int, cudaStream_t);
 };
 
-#define CUTLASS_MOE_SM90_GROUPED_INSTANCE(DTYPE, LAYOUT, CONFIG)                                  \
-  Instance{"sm90", DType::DTYPE, WeightLayout::LAYOUT, KernelConfig::CONFIG,                     \
-           &sm90::GroupedGemmInstance<DType::DTYPE, WeightLayout::LAYOUT, KernelConfig::CONFIG>::workspace_size, \
-           &sm90::GroupedGemmInstance<DType::DTYPE, WeightLayout::LAYOUT, KernelConfig::CONFIG>::run},
+#define CUTLASS_MOE_SM90_INSTANCE(FAMILY, BACKEND, DTYPE, LAYOUT, CONFIG)                         \
+  Instance{"sm90", Backend::BACKEND, DType::DTYPE, WeightLayout::LAYOUT, KernelConfig::CONFIG,    \
+           &sm90::FAMILY<DType::DTYPE, WeightLayout::LAYOUT, KernelConfig::CONFIG>::workspace_size, \
+           &sm90::FAMILY<DType::DTYPE, WeightLayout::LAYOUT, KernelConfig::CONFIG>::run},
+#define CUTLASS_MOE_SM90_GROUPED_INSTANCE(DTYPE, LAYOUT, CONFIG) \
+  CUTLASS_MOE_SM90_INSTANCE(GroupedGemmInstance, kGrouped, DTYPE, LAYOUT, CONFIG)
+#define CUTLASS_MOE_SM90_MOE_INSTANCE(DTYPE, LAYOUT, CONFIG) \
+  CUTLASS_MOE_SM90_INSTANCE(MoeGemmInstance, kMoe, DTYPE, LAYOUT, CONFIG)
 
 const std::vector<Instance>& instances() {
   static const std::vector<Instance> table = {
 #include "sm90_grouped_instances.inc"
+#include "sm90_moe_instances.inc"
   };
   return table;
 }
 
+#undef CUTLASS_MOE_SM90_MOE_INSTANCE
 #undef CUTLASS_MOE_SM90_GROUPED_INSTANCE
+#undef CUTLASS_MOE_SM90_INSTANCE
 
 const char* dtype_name(DType dtype) { return dtype == DType::kFloat16 ? "fp16" : "bf16"; }
 const char* layout_name(WeightLayout layout) { return layout == WeightLayout::kKN ? "kn" : "nk"; }
@@ -66,29 +75,42 @@ bool is_empty(const MoeGemmProblem& p) {
   return p.num_tokens == 0 || p.num_experts == 0 || p.n == 0;
 }
 
-// Resolves kAuto and finds the instance; throws kNotSupported if this build lacks it.
-const Instance& find_instance(const MoeGemmProblem& p, KernelConfig config, int device) {
+// Resolves kAuto (family, then config) and finds the instance; throws kNotSupported if this build
+// lacks it.
+const Instance& find_instance(const MoeGemmProblem& p, Backend backend, KernelConfig config, int device) {
   DeviceInfo info = device_info(device);
   CUTLASS_MOE_CHECK(info.cc == 90, Status::kNotSupported,
                     "this build has sm90a kernels only; device " << device << " is sm" << info.cc);
+  CUTLASS_MOE_CHECK_ARG(backend == Backend::kAuto || backend == Backend::kGrouped || backend == Backend::kMoe,
+                        "backend: unknown value " << static_cast<int>(backend));
+  if (backend == Backend::kAuto) backend = select_backend(p, device);
   const bool automatic = config == KernelConfig::kAuto;
-  if (automatic) config = select_config(p, device);
+  if (automatic) config = select_config(p, backend, device);
   const Instance* fallback = nullptr;
   for (const Instance& inst : instances()) {
-    if (inst.dtype != p.dtype || inst.layout != p.weight_layout) continue;
+    if (inst.backend != backend || inst.dtype != p.dtype || inst.layout != p.weight_layout) continue;
     if (inst.config == config) return inst;
     if (!fallback) fallback = &inst;
   }
-  // A custom build (CUTLASS_MOE_SM90_CONFIGS) may lack the heuristic's pick: take what is built.
+  // A custom build (CUTLASS_MOE_SM90_*CONFIGS) may lack the heuristic's pick: take what is built.
   if (automatic && fallback) return *fallback;
   CUTLASS_MOE_CHECK(false, Status::kNotSupported,
-                    "no kernel built for " << dtype_name(p.dtype) << ", weights " << layout_name(p.weight_layout)
-                                           << ", config " << config_name(config));
+                    "no " << backend_name(backend) << " kernel built for " << dtype_name(p.dtype) << ", weights "
+                          << layout_name(p.weight_layout) << ", config " << config_name(config));
 }
 
 bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
 }  // namespace
+
+const char* backend_name(Backend backend) {
+  switch (backend) {
+    case Backend::kAuto: return "auto";
+    case Backend::kGrouped: return "grouped";
+    case Backend::kMoe: return "moe";
+  }
+  return "unknown";
+}
 
 const char* config_name(KernelConfig config) {
   switch (config) {
@@ -138,15 +160,15 @@ void check_problem(const MoeGemmProblem& p) {
                         "expert_stride: expected a non-negative multiple of 8, got " << p.expert_stride);
 }
 
-size_t workspace_size(const MoeGemmProblem& p, KernelConfig config, int device) {
+size_t workspace_size(const MoeGemmProblem& p, Backend backend, KernelConfig config, int device) {
   check_problem(p);
   if (is_empty(p) || p.k == 0) return 0;
-  const Instance& inst = find_instance(p, config, device);
+  const Instance& inst = find_instance(p, backend, config, device);
   return inst.workspace_size(p.num_experts, device_info(device).sm_count);
 }
 
-void moe_gemm(const MoeGemmProblem& p, KernelConfig config, void* workspace, size_t workspace_bytes,
-              cudaStream_t stream) {
+void moe_gemm(const MoeGemmProblem& p, Backend backend, KernelConfig config, void* workspace,
+              size_t workspace_bytes, cudaStream_t stream) {
   check_problem(p);
   if (is_empty(p)) return;
   if (p.k == 0) {
@@ -155,7 +177,7 @@ void moe_gemm(const MoeGemmProblem& p, KernelConfig config, void* workspace, siz
   }
   int device = 0;
   CUTLASS_MOE_CHECK_CUDA(cudaGetDevice(&device));
-  const Instance& inst = find_instance(p, config, device);
+  const Instance& inst = find_instance(p, backend, config, device);
   inst.run(p, workspace, workspace_bytes, device_info(device).sm_count, stream);
 }
 
@@ -163,7 +185,7 @@ std::vector<std::string> built_instances() {
   std::vector<std::string> names;
   for (const Instance& inst : instances()) {
     std::ostringstream os;
-    os << inst.arch << ":grouped:" << dtype_name(inst.dtype) << ":" << layout_name(inst.layout) << ":"
+    os << inst.arch << ":" << backend_name(inst.backend) << ":" << dtype_name(inst.dtype) << ":" << layout_name(inst.layout) << ":"
        << config_name(inst.config);
     names.push_back(os.str());
   }

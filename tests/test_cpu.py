@@ -41,6 +41,7 @@ def _bad_cases():
     yield "out device", dict(out=torch.empty(48, 24, dtype=BF16, device="meta")), ValueError, "out: on meta"
     yield "trans_b type", dict(trans_b=1), TypeError, "trans_b"
     yield "config name", dict(config="fastest"), ValueError, "config: expected 'auto'"
+    yield "backend name", dict(backend="cublas"), ValueError, "backend: expected one of"
 
 
 @pytest.mark.parametrize("label,override,exc,match", list(_bad_cases()), ids=[c[0] for c in _bad_cases()])
@@ -128,7 +129,15 @@ def test_empty_problems_on_cpu():
     (0, 0, 8, 8, "sm90_pingpong_64x256x64_1x1x1"),
 ])
 def test_heuristic_picks_small_m_tiles_unless_experts_have_thousands_of_rows(t, e, n, k, expect):
-    assert cutlass_moe.select_config(t, e, n, k) == expect
+    assert cutlass_moe.select_config(t, e, n, k, backend="grouped") == ("grouped", expect)
+
+
+def test_moe_backend_config_and_auto_backend_resolve():
+    assert cutlass_moe.select_config(1024, 256, 4096, 7168, backend="moe") == ("moe", "sm90_pingpong_64x256x64_1x1x1")
+    backend, config = cutlass_moe.select_config(1024, 256, 4096, 7168)
+    assert backend in ("grouped", "moe") and config != "auto"
+    with pytest.raises(ValueError, match="backend"):
+        cutlass_moe.select_config(1, 1, 8, 8, backend="fast")
 
 
 def test_compiled_module_reports_its_build():
@@ -139,6 +148,7 @@ def test_compiled_module_reports_its_build():
         for layout in ("kn", "nk"):
             for config in ("sm90_pingpong_64x256x64_1x1x1", "sm90_cooperative_128x256x64_1x2x1"):
                 assert f"sm90:grouped:{dtype}:{layout}:{config}" in instances
+            assert f"sm90:moe:{dtype}:{layout}:sm90_pingpong_64x256x64_1x1x1" in instances
 
 
 def test_bench_counts_follow_the_public_recipe():

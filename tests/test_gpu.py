@@ -12,7 +12,10 @@ pytestmark = requires_sm90
 
 SMALL_M = "sm90_pingpong_64x256x64_1x1x1"
 LARGE_M = "sm90_cooperative_128x256x64_1x2x1"
-CONFIGS = [SMALL_M, LARGE_M]
+# (backend, config): both configs of the grouped family and the MoE family's kernel.
+KERNELS = [("grouped", SMALL_M), ("grouped", LARGE_M), ("moe", SMALL_M)]
+KERNEL_IDS = [f"{b}-{c.split('_')[1]}{c.split('_')[2]}" for b, c in KERNELS]
+kernels = pytest.mark.parametrize("backend,config", KERNELS, ids=KERNEL_IDS)
 
 
 def make_weights(e, k, n, dtype, variant, gen):
@@ -40,37 +43,86 @@ def check(y, x, w, counts, trans_b, poison_rows_from=None):
         assert torch.isnan(y[written:].float()).all(), "rows past the owned rows must be left unwritten"
 
 
-def run_case(t, k, n, e, dtype, variant, config, kind, seed=0, count_dtype=torch.int32, counts_on="cuda", tail=0):
+def run_case(t, k, n, e, dtype, variant, config, kind, seed=0, count_dtype=torch.int32, counts_on="cuda", tail=0,
+             backend="auto"):
     gen = torch.Generator(device="cuda").manual_seed(seed)
     cpu_gen = torch.Generator().manual_seed(seed)
     x = torch.randn(t, k, device="cuda", dtype=dtype, generator=gen)
     w, trans_b = make_weights(e, k, n, dtype, variant, gen)
     counts = random_counts(e, t - tail, cpu_gen, kind).to(counts_on, count_dtype)
     out = torch.full((t, n), float("nan"), device="cuda", dtype=dtype)
-    y = moe_gemm(x, w, counts, trans_b=trans_b, out=out, config=config)
+    y = moe_gemm(x, w, counts, trans_b=trans_b, out=out, backend=backend, config=config)
     assert y is out
     check(y, x, w, counts, trans_b, poison_rows_from=True)
 
 
-@pytest.mark.parametrize("config", CONFIGS)
+@kernels
 @pytest.mark.parametrize("variant", ["kn", "nk", "nk_view", "kn_view"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_dtypes_layouts_and_configs(dtype, variant, config):
-    run_case(t=1000, k=256, n=384, e=8, dtype=dtype, variant=variant, config=config, kind="random", tail=37)
+def test_dtypes_layouts_and_configs(dtype, variant, backend, config):
+    run_case(t=1000, k=256, n=384, e=8, dtype=dtype, variant=variant, backend=backend, config=config,
+             kind="random", tail=37)
 
 
-@pytest.mark.parametrize("config", CONFIGS)
+@kernels
 @pytest.mark.parametrize("kind", ["random", "hot", "one", "uniform"])
 @pytest.mark.parametrize("e", [1, 5, 64, 160])
-def test_irregular_splits(e, kind, config):
-    run_case(t=2053, k=128, n=136, e=e, dtype=torch.bfloat16, variant="kn", config=config, kind=kind, seed=e)
+def test_irregular_splits(e, kind, backend, config):
+    run_case(t=2053, k=128, n=136, e=e, dtype=torch.bfloat16, variant="kn", backend=backend, config=config,
+             kind=kind, seed=e)
 
 
+@pytest.mark.parametrize("backend", ["grouped", "moe"])
+@pytest.mark.parametrize("kind", ["random", "hot", "one"])
+@pytest.mark.parametrize("e", [1024, 4096])
+def test_many_experts(e, kind, backend):
+    # Most experts empty at T = 3001 < E; K and N small. T is no multiple of any tile.
+    run_case(t=3001, k=64, n=72, e=e, dtype=torch.bfloat16, variant="nk", backend=backend, config="auto",
+             kind=kind, seed=e, tail=7)
+
+
+@pytest.mark.parametrize("backend", ["grouped", "moe"])
 @pytest.mark.parametrize("counts_on", ["cuda", "cpu"])
 @pytest.mark.parametrize("count_dtype", [torch.int32, torch.int64])
-def test_count_types_and_devices(count_dtype, counts_on):
-    run_case(t=777, k=64, n=64, e=12, dtype=torch.float16, variant="nk", config="auto", kind="random",
-             count_dtype=count_dtype, counts_on=counts_on, tail=13)
+def test_count_types_and_devices(count_dtype, counts_on, backend):
+    run_case(t=777, k=64, n=64, e=12, dtype=torch.float16, variant="nk", backend=backend, config="auto",
+             kind="random", count_dtype=count_dtype, counts_on=counts_on, tail=13)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_families_agree_on_random_splits(seed):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    e, t = [7, 33, 128, 300][seed], 4099
+    x = torch.randn(t, 512, device="cuda", dtype=torch.bfloat16, generator=gen)
+    w = torch.randn(e, 768, 512, device="cuda", dtype=torch.bfloat16, generator=gen)
+    counts = random_counts(e, t, torch.Generator().manual_seed(seed), "random").cuda()
+    grouped = moe_gemm(x, w, counts, trans_b=True, backend="grouped")
+    moe = moe_gemm(x, w, counts, trans_b=True, backend="moe")
+    # Same fp32 accumulation over the same K order per tile: results agree to bf16 rounding.
+    err = (grouped.float() - moe.float()).norm() / grouped.float().norm()
+    assert err < 1e-2
+
+
+def _kernel_launches(fn):
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+            and "memcpy" not in e.name.lower() and "memset" not in e.name.lower()]
+
+
+def test_moe_family_is_one_launch_per_call():
+    x = torch.randn(4096, 256, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(64, 256, 512, device="cuda", dtype=torch.bfloat16)
+    counts = random_counts(64, 4096, torch.Generator().manual_seed(0)).to("cuda", torch.int32)
+    out = torch.empty(4096, 512, device="cuda", dtype=torch.bfloat16)
+    launches = _kernel_launches(lambda: moe_gemm(x, w, counts, out=out, backend="moe"))
+    assert len(launches) == 1 and "moe_gemm_kernel" in launches[0], launches
+    grouped = _kernel_launches(lambda: moe_gemm(x, w, counts, out=out, backend="grouped"))
+    assert len(grouped) == 2, grouped  # the argument-building kernel, then CUTLASS's grouped GEMM
 
 
 def test_auto_config_and_new_output():
@@ -93,17 +145,18 @@ def test_zero_tokens_and_empty_experts():
     assert torch.isnan(out.float()).all(), "all-zero counts write nothing"
 
 
-def test_k_zero_writes_zeros_to_owned_rows():
+@pytest.mark.parametrize("backend", ["grouped", "moe"])
+def test_k_zero_writes_zeros_to_owned_rows(backend):
     x = torch.empty(10, 0, device="cuda", dtype=torch.bfloat16)
     w = torch.empty(2, 0, 16, device="cuda", dtype=torch.bfloat16)
     out = torch.full((10, 16), float("nan"), device="cuda", dtype=torch.bfloat16)
-    moe_gemm(x, w, torch.tensor([3, 4], device="cuda"), out=out)
+    moe_gemm(x, w, torch.tensor([3, 4], device="cuda"), out=out, backend=backend)
     assert (out[:7] == 0).all() and torch.isnan(out[7:].float()).all()
 
 
-@pytest.mark.parametrize("config", CONFIGS)
+@kernels
 @pytest.mark.parametrize("counts", [[5000, 5000, 5000], [-7, 300, 2**31 - 1], [0, 0, 999], [-1, -1, -1]])
-def test_bad_device_counts_are_clamped_on_the_device(counts, config):
+def test_bad_device_counts_are_clamped_on_the_device(counts, backend, config):
     # Counts on the device are never read by the host: overruns are clamped in the kernel, and
     # nothing outside x, weights or out is touched (run under compute-sanitizer on the GPU machine).
     t = 1000
@@ -112,19 +165,20 @@ def test_bad_device_counts_are_clamped_on_the_device(counts, config):
     w = torch.randn(3, 128, 256, device="cuda", dtype=torch.bfloat16, generator=gen)
     c = torch.tensor(counts, device="cuda", dtype=torch.int64)
     out = torch.full((t, 256), float("nan"), device="cuda", dtype=torch.bfloat16)
-    moe_gemm(x, w, c, out=out, config=config)
+    moe_gemm(x, w, c, out=out, backend=backend, config=config)
     torch.cuda.synchronize()
     check(out, x, w, c, False, poison_rows_from=True)
 
 
-def test_strided_x_and_out():
+@pytest.mark.parametrize("backend", ["grouped", "moe"])
+def test_strided_x_and_out(backend):
     gen = torch.Generator(device="cuda").manual_seed(2)
     x = torch.randn(300, 192, device="cuda", dtype=torch.bfloat16, generator=gen)[:, :128]  # ldx 192
     w = torch.randn(4, 128, 64, device="cuda", dtype=torch.bfloat16, generator=gen)
     big = torch.full((300, 96), float("nan"), device="cuda", dtype=torch.bfloat16)
     out = big[:, 16:80]  # ldout 96, 32-byte offset
     counts = torch.tensor([100, 0, 150, 40], device="cuda")
-    moe_gemm(x, w, counts, out=out)
+    moe_gemm(x, w, counts, out=out, backend=backend)
     check(out, x, w, counts, False, poison_rows_from=True)
     assert torch.isnan(big[:, :16].float()).all() and torch.isnan(big[:, 80:].float()).all()
 
@@ -143,7 +197,8 @@ def test_misaligned_views_are_rejected():
         moe_gemm(x[:, :64], torch.randn(2, 64, 68, device="cuda", dtype=torch.bfloat16)[:, :, :64], counts)
 
 
-def test_non_default_stream():
+@pytest.mark.parametrize("backend", ["grouped", "moe"])
+def test_non_default_stream(backend):
     gen = torch.Generator(device="cuda").manual_seed(3)
     x = torch.randn(2048, 256, device="cuda", dtype=torch.bfloat16, generator=gen)
     w = torch.randn(8, 256, 512, device="cuda", dtype=torch.bfloat16, generator=gen)
@@ -151,13 +206,13 @@ def test_non_default_stream():
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        y = moe_gemm(x, w, counts)
+        y = moe_gemm(x, w, counts, backend=backend)
     stream.synchronize()
     check(y, x, w, counts, False)
 
 
-@pytest.mark.parametrize("config", CONFIGS)
-def test_cuda_graph_replay_with_new_counts(config):
+@kernels
+def test_cuda_graph_replay_with_new_counts(backend, config):
     gen = torch.Generator(device="cuda").manual_seed(4)
     t, e = 1536, 16
     x = torch.randn(t, 256, device="cuda", dtype=torch.bfloat16, generator=gen)
@@ -167,11 +222,11 @@ def test_cuda_graph_replay_with_new_counts(config):
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        moe_gemm(x, w, counts, out=out, config=config)  # warm-up outside the capture
+        moe_gemm(x, w, counts, out=out, backend=backend, config=config)  # warm-up outside the capture
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        moe_gemm(x, w, counts, out=out, config=config)
+        moe_gemm(x, w, counts, out=out, backend=backend, config=config)
     for seed, kind in [(1, "random"), (2, "hot"), (3, "one"), (4, "uniform")]:
         new = random_counts(e, t - 11, torch.Generator().manual_seed(seed), kind).to("cuda", torch.int32)
         counts.copy_(new)

@@ -56,16 +56,16 @@ PYBIND11_MODULE(_C, m) {
         [](int dtype, int weight_layout, int count_type, int64_t num_tokens, int64_t num_experts,
            int64_t n, int64_t k, uintptr_t x, int64_t ldx, uintptr_t weights, int64_t ldw,
            int64_t expert_stride, uintptr_t out, int64_t ldout, uintptr_t tokens_per_expert,
-           int config, uintptr_t workspace, size_t workspace_bytes, uintptr_t stream) {
+           int backend, int config, uintptr_t workspace, size_t workspace_bytes, uintptr_t stream) {
           MoeGemmProblem p = make_problem(dtype, weight_layout, count_type, num_tokens, num_experts, n, k, x,
                                           ldx, weights, ldw, expert_stride, out, ldout, tokens_per_expert);
-          moe_gemm(p, static_cast<KernelConfig>(config), reinterpret_cast<void*>(workspace), workspace_bytes,
-                   reinterpret_cast<cudaStream_t>(stream));
+          moe_gemm(p, static_cast<Backend>(backend), static_cast<KernelConfig>(config),
+                   reinterpret_cast<void*>(workspace), workspace_bytes, reinterpret_cast<cudaStream_t>(stream));
         });
 
   m.def("workspace_size",
         [](int dtype, int weight_layout, int64_t num_tokens, int64_t num_experts, int64_t n, int64_t k,
-           int config, int device) {
+           int backend, int config, int device) {
           MoeGemmProblem p;
           p.dtype = static_cast<DType>(dtype);
           p.weight_layout = static_cast<WeightLayout>(weight_layout);
@@ -80,16 +80,24 @@ PYBIND11_MODULE(_C, m) {
           p.ldx = k;
           p.ldw = p.weight_layout == WeightLayout::kKN ? n : k;
           p.ldout = n;
-          return workspace_size(p, static_cast<KernelConfig>(config), device);
+          return workspace_size(p, static_cast<Backend>(backend), static_cast<KernelConfig>(config), device);
         });
 
-  m.def("select_config", [](int64_t num_tokens, int64_t num_experts, int64_t n, int64_t k) {
+  // The heuristics' picks for these sizes: (backend, config), with backend kAuto resolved first.
+  m.def("select", [](int64_t num_tokens, int64_t num_experts, int64_t n, int64_t k, int backend) {
     MoeGemmProblem p;
     p.num_tokens = num_tokens;
     p.num_experts = num_experts;
     p.n = n;
     p.k = k;
-    return static_cast<int>(select_config(p, /*device=*/0));
+    Backend b = static_cast<Backend>(backend);
+    if (b == Backend::kAuto) b = select_backend(p, /*device=*/0);
+    return std::make_pair(static_cast<int>(b), static_cast<int>(select_config(p, b, /*device=*/0)));
+  });
+  m.def("backend_names", [] {
+    py::dict names;  // name -> Backend value
+    for (Backend b : {Backend::kAuto, Backend::kGrouped, Backend::kMoe}) names[backend_name(b)] = static_cast<int>(b);
+    return names;
   });
 
   m.def("config_names", [] {

@@ -17,14 +17,20 @@ using cute::_64;
 using cute::_128;
 using cute::_256;
 
+// KernelSchedule / EpilogueSchedule: the ptr-array grouped family.
+// MoeMainloopSchedule: the collective mainloop the MoE family's own kernel runs.
 struct Pingpong {
-  using KernelSchedule   = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong;
-  using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong;
+  using KernelSchedule      = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong;
+  using EpilogueSchedule    = cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong;
+  using MoeMainloopSchedule = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
+  static constexpr bool kPingpong = true;
 };
 
 struct Cooperative {
-  using KernelSchedule   = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
-  using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
+  using KernelSchedule      = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
+  using EpilogueSchedule    = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
+  using MoeMainloopSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
+  static constexpr bool kPingpong = false;
 };
 
 template <KernelConfig kConfig>

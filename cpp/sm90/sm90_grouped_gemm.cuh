@@ -20,19 +20,10 @@
 #include <cutlass/gemm/kernel/gemm_universal.hpp>
 
 #include "check.h"
-#include "sm90/sm90_configs.cuh"
+#include "sm90/sm90_common.cuh"
 #include "sm90/sm90_grouped_gemm.h"
 
 namespace cutlass_moe::sm90 {
-
-template <DType kDType> struct ElementOf;
-template <> struct ElementOf<DType::kFloat16>  { using type = cutlass::half_t; };
-template <> struct ElementOf<DType::kBFloat16> { using type = cutlass::bfloat16_t; };
-
-// WeightLayout -> CUTLASS layout tag of B, which is logically K x N.
-template <WeightLayout kLayout> struct LayoutBOf;
-template <> struct LayoutBOf<WeightLayout::kKN> { using type = cutlass::layout::RowMajor; };     // N contiguous
-template <> struct LayoutBOf<WeightLayout::kNK> { using type = cutlass::layout::ColumnMajor; };  // K contiguous
 
 template <DType kDType, WeightLayout kLayout, KernelConfig kConfig>
 struct GroupedGemmKernel {
@@ -112,18 +103,6 @@ size_t carve_arrays(char* base, int64_t num_experts, GroupedArrays<K>* arrays) {
   take(arrays->stride_b, sizeof(typename K::StrideB));
   take(arrays->stride_d, sizeof(typename K::StrideD));
   return offset;
-}
-
-// A stride with its one dynamic (leading-dimension) mode set to `ld`; the other modes are static.
-template <class Stride>
-CUTE_HOST_DEVICE Stride leading_stride(int64_t ld) {
-  Stride stride{};
-  if constexpr (cute::is_static_v<cute::tuple_element_t<0, Stride>>) {
-    cute::get<1>(stride) = ld;
-  } else {
-    cute::get<0>(stride) = ld;
-  }
-  return stride;
 }
 
 constexpr int kBuildThreads = 1024;

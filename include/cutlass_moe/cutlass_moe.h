@@ -41,6 +41,13 @@ enum class WeightLayout : int {
   kNK = 1,  // (E, N, K): K is contiguous, the nn.Linear layout (x @ W.T).
 };
 
+// Kernel families.
+enum class Backend : int {
+  kAuto = 0,     // the faster family for the problem (select_backend)
+  kGrouped = 1,  // CUTLASS's ptr-array grouped GEMM; a small kernel first writes per-expert arrays
+  kMoe = 2,      // our MoE kernel: base pointers + counts, one launch, no per-expert arrays
+};
+
 // Kernel configurations. The numbers are CTA tile M x N x K and the cluster shape.
 enum class KernelConfig : int {
   kAuto = -1,                             // pick by heuristic (select_config)
@@ -101,20 +108,24 @@ struct MoeGemmProblem {
 // Throws Error(kInvalidArgument) naming the field.
 void check_problem(const MoeGemmProblem& problem);
 
-// The configuration the heuristic picks from what the host knows: T/E, N and K (never the counts).
-KernelConfig select_config(const MoeGemmProblem& problem, int device);
+// The family and configuration the heuristics pick from what the host knows: T/E, N and K (never
+// the counts). select_config answers for a given (resolved) family.
+Backend select_backend(const MoeGemmProblem& problem, int device);
+KernelConfig select_config(const MoeGemmProblem& problem, Backend backend, int device);
 
-// Workspace bytes for `problem` with `config` (kAuto resolves through select_config) on `device`.
-size_t workspace_size(const MoeGemmProblem& problem, KernelConfig config, int device);
+// Workspace bytes for `problem` with `backend` and `config` (kAuto resolves through the
+// heuristics) on `device`. The kMoe family needs none.
+size_t workspace_size(const MoeGemmProblem& problem, Backend backend, KernelConfig config, int device);
 
 // Runs out = x @ weights per expert on `stream`. workspace must hold workspace_size() bytes and be
 // 256-byte aligned; its contents need not be initialized. Never synchronizes, never allocates.
-void moe_gemm(const MoeGemmProblem& problem, KernelConfig config, void* workspace,
+void moe_gemm(const MoeGemmProblem& problem, Backend backend, KernelConfig config, void* workspace,
               size_t workspace_bytes, cudaStream_t stream);
 
 // What this build holds.
+const char* backend_name(Backend backend);
 const char* config_name(KernelConfig config);
-std::vector<std::string> built_instances();  // "sm90:bf16:kn:<config>" entries
+std::vector<std::string> built_instances();  // "sm90:<family>:<dtype>:<layout>:<config>" entries
 std::string build_info();                    // CUDA, CUTLASS and arch versions, one line
 
 }  // namespace cutlass_moe

@@ -153,11 +153,11 @@ def run_case(case: dict, counts: torch.Tensor, args, moe_gemm) -> dict:
     flops = 2.0 * t * k * n
     row = {"name": case["name"], "E": e, "T": t, "K": k, "N": n, "dist": case["dist"]}
 
-    configs = args.config.split(",")
-    runners = {}
-    for i, config in enumerate(configs):  # the first is the headline; the rest are for tuning
-        label = "moe_gemm" if i == 0 else f"moe_gemm[{config}]"
-        runners[label] = lambda config=config: moe_gemm(x, w, counts_gpu, config=config)
+    runners = {"moe_gemm": lambda: moe_gemm(x, w, counts_gpu, backend=args.backend, config=args.config)}
+    for variant in args.variants.split(",") if args.variants else []:  # each family, and tuning runs
+        backend, _, config = variant.partition(":")
+        runners[f"moe_gemm[{variant}]"] = (
+            lambda backend=backend, config=config or "auto": moe_gemm(x, w, counts_gpu, backend=backend, config=config))
     peer = grouped_mm_peer(x, w, counts)
     if peer is not None:
         runners["torch_grouped_mm"] = peer
@@ -183,8 +183,8 @@ def _fmt(v, spec: str) -> str:
 
 
 def print_table(rows: List[dict], ceilings: Dict[str, float]) -> None:
-    head = (f"{'case':<20} {'moe ms':>8} {'gmm ms':>8} {'loop ms':>8} {'TFLOP/s':>8} {'floor':>7} "
-            f"{'%floor':>7} {'%floor*':>7} {'x gmm':>6} {'x loop':>6} {'err':>8}")
+    head = (f"{'case':<20} {'ours ms':>8} {'grouped':>8} {'moe':>8} {'gmm ms':>8} {'loop ms':>8} {'TFLOP/s':>8} "
+            f"{'floor':>7} {'%floor':>7} {'%floor*':>7} {'x gmm':>6} {'x loop':>6} {'err':>8}")
     print(head)
     print("-" * len(head))
     for r in rows:
@@ -192,21 +192,24 @@ def print_table(rows: List[dict], ceilings: Dict[str, float]) -> None:
         frac = r["floor_ms_h200"] / ours if ours else None
         frac_measured = r["floor_ms_measured"] / ours if ours else None
         gmm, loop = r.get("torch_grouped_mm_ms"), r.get("loop_ms")
-        print(f"{r['name']:<20} {_fmt(ours, '8.3f')} {_fmt(gmm, '8.3f')} {_fmt(loop, '8.3f')} "
+        print(f"{r['name']:<20} {_fmt(ours, '8.3f')} {_fmt(r.get('moe_gemm[grouped:auto]_ms'), '8.3f')} "
+              f"{_fmt(r.get('moe_gemm[moe:auto]_ms'), '8.3f')} {_fmt(gmm, '8.3f')} {_fmt(loop, '8.3f')} "
               f"{_fmt(r.get('moe_gemm_tflops'), '8.1f')} {r['floor_ms_h200']:7.3f} "
               f"{_fmt(frac and 100 * frac, '6.1f')}% {_fmt(frac_measured and 100 * frac_measured, '6.1f')}% "
               f"{_fmt(gmm and ours and gmm / ours, '6.2f')} {_fmt(loop and ours and loop / ours, '6.2f')} "
               f"{_fmt(r.get('moe_gemm_rel_err'), '8.1e')}")
     extra = sorted({k[len("moe_gemm["):-len("]_ms")] for r in rows for k in r if k.startswith("moe_gemm[") and k.endswith("]_ms")})
+    extra = [v for v in extra if v not in ("grouped:auto", "moe:auto")]
     if extra:
-        print("\nother configs, ms (ratio to the headline moe_gemm):")
+        print("\nother variants, ms (ratio to the headline moe_gemm):")
         for r in rows:
             cells = [f"{c}={r[f'moe_gemm[{c}]_ms']:.3f} ({r[f'moe_gemm[{c}]_ms'] / r['moe_gemm_ms']:.2f})"
                      for c in extra if f"moe_gemm[{c}]_ms" in r and r.get("moe_gemm_ms")]
             print(f"  {r['name']:<20} " + "  ".join(cells))
     print(f"floor: H200 rates ({H200_TFLOPS:.0f} TFLOP/s, {H200_TBPS} TB/s); %floor* uses this GPU's measured "
           f"ceilings ({ceilings['tflops']:.0f} TFLOP/s, {ceilings['tbps']:.2f} TB/s). "
-          f"x gmm / x loop: speedup of moe_gemm over torch._grouped_mm / the torch.mm loop.")
+          f"ours: backend/config 'auto'; grouped, moe: each family forced (config auto). "
+          f"x gmm / x loop: speedup of ours over torch._grouped_mm / the torch.mm loop.")
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -214,9 +217,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--cases", default="", help="comma-separated case names (default: all)")
     parser.add_argument("--json", default="cutlass_moe_bench.json", help="where to write the results")
     parser.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
-    parser.add_argument("--config", default="auto",
-                        help="moe_gemm kernel config (default: the heuristic's); a comma-separated list also "
-                             "times the others, for tuning")
+    parser.add_argument("--backend", default="auto", help="headline moe_gemm backend (default: auto)")
+    parser.add_argument("--config", default="auto", help="headline moe_gemm kernel config (default: auto)")
+    parser.add_argument("--variants", default="grouped:auto,moe:auto",
+                        help="more moe_gemm runs to time beside it, as backend:config, comma-separated "
+                             "(default: each family with its heuristic config)")
     parser.add_argument("--warmup-ms", type=float, default=25.0)
     parser.add_argument("--rep-ms", type=float, default=100.0)
     parser.add_argument("--no-check", action="store_true", help="skip the float32 reference check")
@@ -265,12 +270,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     print(f"done in {time.time() - started:.0f} s", file=sys.stderr)
 
     print_table(rows, ceilings)
-    result = {"device": name, "torch": torch.__version__, "dtype": args.dtype, "config": args.config,
+    result = {"device": name, "torch": torch.__version__, "dtype": args.dtype, "backend": args.backend,
+              "config": args.config, "variants": args.variants,
               "ceilings": ceilings, "cases": rows}
     with open(args.json, "w") as f:
         json.dump(result, f, indent=1)
     print(f"wrote {os.path.abspath(args.json)}", file=sys.stderr)
-    failed = [r["name"] for r in rows if r.get("moe_gemm_rel_err", 0.0) > 2e-2 or "moe_gemm_error" in r]
+    failed = sorted({r["name"] for r in rows for k in r
+                     if k.startswith("moe_gemm") and (k.endswith("_error") or (k.endswith("_rel_err") and r[k] > 2e-2))})
     if failed:
         print(f"moe_gemm FAILED its check on: {', '.join(failed)}", file=sys.stderr)
         return 2

@@ -14,6 +14,8 @@ _DTYPES = {torch.float16: 0, torch.bfloat16: 1}
 _COUNT_TYPES = {torch.int32: 0, torch.int64: 1}
 _LAYOUT_KN, _LAYOUT_NK = 0, 1
 _CONFIGS = dict(_C.config_names())  # name -> value, "auto" -> -1
+_BACKENDS = dict(_C.backend_names())  # "auto", "grouped", "moe" -> value
+_BACKEND_NAMES = {value: name for name, value in _BACKENDS.items()}
 _CONFIG_NAMES = {value: name for name, value in _CONFIGS.items()}
 
 _ALIGN_BYTES = 16  # TMA wants 16-byte aligned addresses and strides
@@ -54,13 +56,18 @@ def _check_aligned(name: str, t: torch.Tensor, strides) -> None:
 
 
 @functools.lru_cache(maxsize=4096)
-def _workspace_size(dtype: int, layout: int, t: int, e: int, n: int, k: int, config: int, device: int) -> int:
-    return _C.workspace_size(dtype, layout, t, e, n, k, config, device)
+def _workspace_size(dtype: int, layout: int, t: int, e: int, n: int, k: int, backend: int, config: int,
+                    device: int) -> int:
+    return _C.workspace_size(dtype, layout, t, e, n, k, backend, config, device)
 
 
-def select_config(num_tokens: int, num_experts: int, n: int, k: int) -> str:
-    """The config ``config="auto"`` takes for these sizes (a choice from T/E, N and K alone)."""
-    return _CONFIG_NAMES[_C.select_config(num_tokens, num_experts, n, k)]
+def select_config(num_tokens: int, num_experts: int, n: int, k: int, backend: str = "auto") -> Tuple[str, str]:
+    """The (backend, config) that ``backend=backend, config="auto"`` takes for these sizes: a choice
+    from T/E, N and K alone, never the counts."""
+    if backend not in _BACKENDS:
+        raise ValueError(f"backend: expected one of {sorted(_BACKENDS)}, got {backend!r}")
+    b, c = _C.select(num_tokens, num_experts, n, k, _BACKENDS[backend])
+    return _BACKEND_NAMES[b], _CONFIG_NAMES[c]
 
 
 def moe_gemm(
@@ -70,6 +77,7 @@ def moe_gemm(
     *,
     trans_b: bool = False,
     out: Optional[torch.Tensor] = None,
+    backend: str = "auto",
     config: str = "auto",
 ) -> torch.Tensor:
     """Grouped GEMM over experts: ``out[rows_e] = x[rows_e] @ W_e`` with fp32 accumulation.
@@ -85,8 +93,12 @@ def moe_gemm(
         trans_b: whether ``weights`` is (E, N, K).
         out: optional (T, N) tensor of x's dtype to write into; its last dimension must be
             contiguous.
+        backend: kernel family. ``"moe"``: our MoE kernel, which takes base pointers and the
+            counts and finds each tile's expert on the device (one launch, no workspace).
+            ``"grouped"``: CUTLASS's ptr-array grouped GEMM, after a small kernel that writes
+            per-expert pointers and shapes. ``"auto"`` picks per problem (from T/E, N, K).
         config: ``"auto"`` (heuristic from T/E, N, K) or a kernel config name from
-            :func:`cutlass_moe.built_configs`.
+            :func:`cutlass_moe.built_configs` for the chosen backend.
 
     Returns:
         (T, N) tensor of x's dtype. Expert e owns rows ``[start_e, start_e + count_e)`` where the
@@ -120,6 +132,8 @@ def moe_gemm(
         raise TypeError(f"tokens_per_expert: expected dtype torch.int32 or torch.int64, got {tokens_per_expert.dtype}")
     if not isinstance(trans_b, bool):
         raise TypeError(f"trans_b: expected a bool, got {type(trans_b).__name__}")
+    if backend not in _BACKENDS:
+        raise ValueError(f"backend: expected one of {sorted(_BACKENDS)}, got {backend!r}")
     if config not in _CONFIGS:
         raise ValueError(f"config: expected 'auto' or one of {sorted(n for n in _CONFIGS if n != 'auto')}, got {config!r}")
 
@@ -157,10 +171,10 @@ def moe_gemm(
         return moe_gemm_reference(x, weights, tokens_per_expert, trans_b=trans_b, out=out)
     if x.device.type != "cuda":
         raise ValueError(f"x: expected a CUDA or CPU tensor, got device {x.device}")
-    return _moe_gemm_cuda(x, weights, tokens_per_expert, trans_b, out, config, num_tokens, num_experts, n, k)
+    return _moe_gemm_cuda(x, weights, tokens_per_expert, trans_b, out, backend, config, num_tokens, num_experts, n, k)
 
 
-def _moe_gemm_cuda(x, weights, tokens_per_expert, trans_b, out, config, num_tokens, num_experts, n, k):
+def _moe_gemm_cuda(x, weights, tokens_per_expert, trans_b, out, backend, config, num_tokens, num_experts, n, k):
     if out is None:
         out = torch.empty(num_tokens, n, dtype=x.dtype, device=x.device)
     if num_tokens == 0 or num_experts == 0 or n == 0:
@@ -184,13 +198,13 @@ def _moe_gemm_cuda(x, weights, tokens_per_expert, trans_b, out, config, num_toke
     if counts.device != x.device:
         counts = counts.to(x.device, non_blocking=True)
     dtype = _DTYPES[x.dtype]
-    config_id = _CONFIGS[config]
+    backend_id, config_id = _BACKENDS[backend], _CONFIGS[config]
     device = x.device.index
-    ws_bytes = _workspace_size(dtype, layout, num_tokens, num_experts, n, k, config_id, device)
-    workspace = torch.empty(ws_bytes, dtype=torch.uint8, device=x.device)
+    ws_bytes = _workspace_size(dtype, layout, num_tokens, num_experts, n, k, backend_id, config_id, device)
+    workspace = torch.empty(ws_bytes, dtype=torch.uint8, device=x.device) if ws_bytes else None
     args = (dtype, layout, _COUNT_TYPES[counts.dtype], num_tokens, num_experts, n, k,
             x.data_ptr(), ldx, weights.data_ptr(), ldw, expert_stride, out.data_ptr(), ldout,
-            counts.data_ptr(), config_id, workspace.data_ptr(), ws_bytes,
+            counts.data_ptr(), backend_id, config_id, workspace.data_ptr() if ws_bytes else 0, ws_bytes,
             torch.cuda.current_stream(device).cuda_stream)
     if device == torch.cuda.current_device():
         _C.moe_gemm(*args)

@@ -1,0 +1,313 @@
+// sm90 (Hopper) MoE-specialized GEMM: one launch, no per-expert arrays.
+//
+// The kernel gets the base pointers of x, weights and out, E, N, K and the device pointer to
+// tokens_per_expert. A persistent tile scheduler (sm90_moe_scheduler.hpp) finds each tile's expert
+// and row offset on the device. Operands move as follows:
+//   - x (A) has one TMA descriptor over the whole T x K matrix. A tile's rows start at its expert's
+//     row offset (a domain offset of the TMA coordinate tensor), so they need not be tile-aligned.
+//     A tile that runs past the expert's last row reads the next expert's rows (or TMA's zero fill
+//     past T); those rows' outputs are never stored.
+//   - weights (B) have one TMA descriptor over all experts, with the expert as the batch mode: no
+//     per-expert tensor-map rewrites.
+//   - out (D) is stored from registers, clipped to the expert's rows and to N.
+// The mainloop (TMA loads into a multistage smem pipeline, WGMMA) is CUTLASS's sm90 warp-
+// specialized collective, composed here with our own kernel, scheduler and epilogue.
+//
+// Pingpong schedule: warp group 0 produces (one warp issues the TMA loads), warp groups 1 and 2
+// consume alternate tiles; an order barrier lets only one of them issue WGMMAs at a time, so one
+// tile's epilogue overlaps the other's mainloop.
+#pragma once
+
+#include <array>
+#include <mutex>
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/reg_reconfig.h>
+#include <cutlass/cutlass.h>
+#include <cutlass/gemm/collective/collective_builder.hpp>
+#include <cutlass/numeric_conversion.h>
+#include <cutlass/pipeline/pipeline.hpp>
+
+#include "check.h"
+#include "sm90/sm90_common.cuh"
+#include "sm90/sm90_moe_gemm.h"
+#include "sm90/sm90_moe_scheduler.hpp"
+
+namespace cutlass_moe::sm90 {
+
+template <DType kDType, WeightLayout kLayout, KernelConfig kConfig>
+struct MoeGemmKernel {
+  using Config = ConfigTraits<kConfig>;
+  static_assert(Config::kPingpong, "the MoE family implements the pingpong schedule");
+  static_assert(cute::size(typename Config::ClusterShape{}) == 1, "the MoE family runs without clusters");
+
+  using Element            = typename ElementOf<kDType>::type;
+  using ElementAccumulator = float;
+  using LayoutA            = cutlass::layout::RowMajor;                          // x: T x K
+  using LayoutB            = typename LayoutBOf<kLayout>::type;                  // weights[e]: K x N, expert = batch
+  using TileShape          = typename Config::TileShape;
+  using ClusterShape       = typename Config::ClusterShape;
+  static constexpr int kAlignment = 128 / cutlass::sizeof_bits<Element>::value;  // 16 bytes, for TMA
+  static constexpr int kTileM = cute::size<0>(TileShape{});
+  static constexpr int kTileN = cute::size<1>(TileShape{});
+  static constexpr int kTileK = cute::size<2>(TileShape{});
+
+  static constexpr int kConsumers       = 2;                                     // pingpong math warp groups
+  static constexpr int kThreads         = (1 + kConsumers) * cutlass::NumThreadsPerWarpGroup;
+  static constexpr int kProducerRegs    = 40;                                    // setmaxnreg budgets, as
+  static constexpr int kConsumerRegs    = 232;                                   // CUTLASS's pingpong kernel
+
+  using MathOrderBarrier = cutlass::OrderedSequenceBarrier<1, kConsumers>;       // one WGMMA issuer at a time
+
+  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
+      Element, LayoutA, kAlignment,
+      Element, LayoutB, kAlignment,
+      ElementAccumulator,
+      TileShape, ClusterShape,
+      cutlass::gemm::collective::StageCountAutoCarveout<
+          static_cast<int>(sizeof(typename MathOrderBarrier::SharedStorage))>,
+      typename Config::MoeMainloopSchedule
+    >::CollectiveOp;
+
+  using TiledMma      = typename Mainloop::TiledMma;
+  using Pipeline      = typename Mainloop::MainloopPipeline;
+  using PipelineState = typename Mainloop::PipelineState;
+  using Scheduler     = MoeTileScheduler<kTileM>;
+
+  struct SharedStorage {
+    typename Mainloop::TensorStorage tensors;
+    alignas(16) typename Mainloop::PipelineStorage pipeline;
+    alignas(16) typename MathOrderBarrier::SharedStorage math_order;
+  };
+  static constexpr int kSmemBytes = static_cast<int>(sizeof(SharedStorage));
+
+  struct Params {
+    typename Mainloop::Params mainloop;  // the two TMA descriptors and transaction sizes
+    typename Scheduler::Params scheduler;
+    Element* out;
+    int64_t ldout;
+    int num_tokens;
+    int n;
+    int k;
+    int num_experts;
+  };
+};
+
+// Stores a consumer's accumulators for `tile`, clipped to the expert's rows and to N. The GMMA
+// accumulator layout gives each thread pairs of adjacent columns, written as one 32-bit store.
+template <class K, class Accumulators>
+CUTLASS_DEVICE void store_tile(typename K::Params const& params, MoeTile const& tile,
+                               Accumulators const& accum, int thread_idx) {
+  using namespace cute;
+  using Element = typename K::Element;
+  typename K::TiledMma tiled_mma;
+  auto thread_mma = tiled_mma.get_thread_slice(thread_idx);
+  Tensor coords = thread_mma.partition_C(make_identity_tensor(make_shape(Int<K::kTileM>{}, Int<K::kTileN>{})));
+  static_assert(decltype(size(coords))::value == decltype(size(accum))::value);
+
+  const int rows_left = tile.rows - tile.m_tile * K::kTileM;
+  const int cols_left = params.n - tile.n_tile * K::kTileN;
+  Element* out = params.out + int64_t(tile.row_start + tile.m_tile * K::kTileM) * params.ldout +
+                 tile.n_tile * K::kTileN;
+  cutlass::NumericArrayConverter<Element, float, 2> convert;
+  CUTLASS_PRAGMA_UNROLL
+  for (int i = 0; i < size(accum); i += 2) {
+    const int row = get<0>(coords(i));
+    const int col = get<1>(coords(i));  // coords(i + 1) is (row, col + 1); N % 8 == 0 keeps col + 1 in range
+    if (row < rows_left && col < cols_left) {
+      cutlass::Array<float, 2> pair{accum(i), accum(i + 1)};
+      *reinterpret_cast<cutlass::Array<Element, 2>*>(out + int64_t(row) * params.ldout + col) = convert(pair);
+    }
+  }
+}
+
+template <class K>
+__global__ void __launch_bounds__(K::kThreads, 1)
+moe_gemm_kernel(CUTLASS_GRID_CONSTANT typename K::Params const params) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using namespace cute;
+  using X = Underscore;
+  using Mainloop = typename K::Mainloop;
+  using Pipeline = typename K::Pipeline;
+
+  extern __shared__ char smem[];
+  auto& storage = *reinterpret_cast<typename K::SharedStorage*>(smem);
+
+  const int warp_group = cutlass::canonical_warp_group_idx();
+  const int warp_in_group = cutlass::canonical_warp_idx_sync() % cutlass::NumWarpsPerWarpGroup;
+  const int group_thread = threadIdx.x % cutlass::NumThreadsPerWarpGroup;
+  const bool is_producer = warp_group == 0 && warp_in_group == 0;
+
+  if (is_producer && cute::elect_one_sync()) {
+    Mainloop::prefetch_tma_descriptors(params.mainloop);
+  }
+
+  typename Pipeline::Params pipeline_params;
+  pipeline_params.role = is_producer      ? Pipeline::ThreadCategory::Producer
+                         : warp_group > 0 ? Pipeline::ThreadCategory::Consumer
+                                          : Pipeline::ThreadCategory::NonParticipant;
+  pipeline_params.is_leader = group_thread == 0;
+  pipeline_params.num_consumers = cutlass::NumThreadsPerWarpGroup;  // one warp group consumes each stage
+  pipeline_params.transaction_bytes = params.mainloop.tma_transaction_bytes;
+  Pipeline pipeline(storage.pipeline, pipeline_params, typename K::ClusterShape{});
+
+  typename K::MathOrderBarrier::Params order_params;
+  order_params.group_id = warp_group > 0 ? warp_group - 1 : 0;
+  order_params.group_size = cutlass::NumThreadsPerWarpGroup;
+  typename K::MathOrderBarrier math_order(storage.math_order, order_params);
+
+  __syncthreads();  // barrier initialization is visible to every warp
+
+  typename K::Scheduler scheduler(params.scheduler);
+  Mainloop mainloop;
+  const int k_tiles = (params.k + K::kTileK - 1) / K::kTileK;
+  const int64_t grid = gridDim.x;
+
+  if (warp_group == 0) {
+    cutlass::arch::warpgroup_reg_dealloc<K::kProducerRegs>();
+    if (!is_producer) return;
+    // Whole tensors as TMA coordinate tensors: x is (T, K, 1), weights are (N, K, E).
+    Tensor mA = params.mainloop.tma_load_a.get_tma_tensor(make_shape(params.num_tokens, params.k, 1));
+    Tensor mB = params.mainloop.tma_load_b.get_tma_tensor(make_shape(params.n, params.k, params.num_experts));
+    auto write_state = cutlass::make_producer_start_state<Pipeline>();
+    for (int64_t index = blockIdx.x;; index += grid) {
+      MoeTile tile = scheduler.tile(index);
+      if (!tile.valid) break;
+      // Shift x's rows to the expert's first row and the weights' batch mode to the expert; the
+      // collective then indexes tile (m_tile, n_tile) of batch 0 as usual.
+      Tensor gA = local_tile(domain_offset(make_coord(tile.row_start, 0, 0), mA), typename K::TileShape{},
+                             make_coord(_, _, _), Step<_1, X, _1>{});  // (BLK_M, BLK_K, m, k, 1)
+      Tensor gB = local_tile(domain_offset(make_coord(0, 0, tile.expert), mB), typename K::TileShape{},
+                             make_coord(_, _, _), Step<X, _1, _1>{});  // (BLK_N, BLK_K, n, k, l)
+      mainloop.load(params.mainloop, pipeline, write_state, cute::make_tuple(gA, gB),
+                    make_coord(tile.m_tile, tile.n_tile, _, 0), cute::make_coord_iterator(k_tiles), k_tiles,
+                    threadIdx.x % 32, /*block_rank_in_cluster=*/0, storage.tensors);
+      write_state.advance(k_tiles);
+    }
+    mainloop.load_tail(pipeline, write_state);
+  } else {
+    cutlass::arch::warpgroup_reg_alloc<K::kConsumerRegs>();
+    const int consumer = warp_group - 1;
+    typename K::PipelineState read_state;
+    if (consumer == 1) read_state.advance(k_tiles);  // consumer 0 takes the first tile's stages
+    typename K::TiledMma tiled_mma;
+    for (int64_t index = blockIdx.x + consumer * grid;; index += K::kConsumers * grid) {
+      MoeTile tile = scheduler.tile(index);
+      if (!tile.valid) break;
+      Tensor accum = partition_fragment_C(tiled_mma, take<0, 2>(typename K::TileShape{}));
+      math_order.wait();
+      mainloop.mma(pipeline, read_state, accum, k_tiles, group_thread, storage.tensors,
+                   params.mainloop);
+      math_order.arrive();
+      mainloop.mma_tail(pipeline, read_state, k_tiles);
+      read_state.advance(k_tiles * K::kConsumers);
+      store_tile<K>(params, tile, accum, group_thread);
+    }
+  }
+#endif
+}
+
+// Recently built TMA descriptors, keyed by everything a descriptor depends on (pointer, sizes,
+// strides). Weights rarely change between calls, and x often lives in a fixed buffer (CUDA graphs,
+// serving), so most calls encode no tensor map at all.
+template <class Value, int kEntries = 8>
+class DescriptorCache {
+ public:
+  using Key = std::array<int64_t, 6>;
+
+  template <class Make>
+  Value get(Key const& key, Make&& make) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (int i = 0; i < used_; ++i) {
+      if (keys_[i] == key) return values_[i];
+    }
+    const int slot = next_;
+    next_ = (next_ + 1) % kEntries;
+    used_ = used_ < kEntries ? used_ + 1 : kEntries;
+    keys_[slot] = key;
+    values_[slot] = make();
+    return values_[slot];
+  }
+
+ private:
+  std::mutex mutex_;
+  std::array<Key, kEntries> keys_{};
+  std::array<Value, kEntries> values_{};
+  int used_ = 0;
+  int next_ = 0;
+};
+
+template <DType kDType, WeightLayout kLayout, KernelConfig kConfig>
+size_t MoeGemmInstance<kDType, kLayout, kConfig>::workspace_size(int64_t, int) {
+  return 0;
+}
+
+template <DType kDType, WeightLayout kLayout, KernelConfig kConfig>
+void MoeGemmInstance<kDType, kLayout, kConfig>::run(const MoeGemmProblem& p, void*, size_t, int sm_count,
+                                                    cudaStream_t stream) {
+  using namespace cute;
+  using K = MoeGemmKernel<kDType, kLayout, kConfig>;
+  using Mainloop = typename K::Mainloop;
+  using TmaA = decltype(Mainloop::Params::tma_load_a);
+  using TmaB = decltype(Mainloop::Params::tma_load_b);
+  using InternalA = typename Mainloop::InternalElementA;
+  using InternalB = typename Mainloop::InternalElementB;
+  static DescriptorCache<TmaA> a_cache;
+  static DescriptorCache<TmaB> b_cache;
+
+  const int t = static_cast<int>(p.num_tokens), n = static_cast<int>(p.n), k = static_cast<int>(p.k);
+  const int e = static_cast<int>(p.num_experts);
+  // Batch strides of 0 are not valid in a tensor map; any 16-byte multiple works for a batch of 1.
+  const int64_t expert_stride = e > 1 ? p.expert_stride : p.ldw * (kLayout == WeightLayout::kKN ? k : n);
+
+  typename K::Params params;
+  int device = 0;
+  CUTLASS_MOE_CHECK_CUDA(cudaGetDevice(&device));
+  params.mainloop.tma_load_a = a_cache.get(
+      {reinterpret_cast<int64_t>(p.x), t, k, p.ldx, device, 0}, [&] {
+        auto tensor = make_tensor(static_cast<InternalA const*>(p.x),
+                                  make_layout(make_shape(t, k, 1),
+                                              leading_stride<typename Mainloop::StrideA>(p.ldx, p.ldx * t)));
+        return make_tma_copy_A_sm90(typename Mainloop::GmemTiledCopyA{}, tensor,
+                                    typename Mainloop::SmemLayoutA{}(_, _, Int<0>{}), typename K::TileShape{},
+                                    typename K::ClusterShape{});
+      });
+  params.mainloop.tma_load_b = b_cache.get(
+      {reinterpret_cast<int64_t>(p.weights), e, int64_t(n) << 32 | k, p.ldw, expert_stride, device}, [&] {
+        auto tensor = make_tensor(static_cast<InternalB const*>(p.weights),
+                                  make_layout(make_shape(n, k, e),
+                                              leading_stride<typename Mainloop::StrideB>(p.ldw, expert_stride)));
+        return make_tma_copy_B_sm90(typename Mainloop::GmemTiledCopyB{}, tensor,
+                                    typename Mainloop::SmemLayoutB{}(_, _, Int<0>{}), typename K::TileShape{},
+                                    typename K::ClusterShape{});
+      });
+  params.mainloop.tma_transaction_bytes = Mainloop::TmaTransactionBytes;
+  params.mainloop.tma_transaction_bytes_mk = Mainloop::TmaTransactionBytesMK;
+  params.mainloop.tma_transaction_bytes_nk = Mainloop::TmaTransactionBytesNK;
+
+  const int tiles_n = (n + K::kTileN - 1) / K::kTileN;
+  params.scheduler = {p.tokens_per_expert, p.count_type == IndexType::kInt64, e, t, tiles_n};
+  params.out = static_cast<typename K::Element*>(p.out);
+  params.ldout = p.ldout;
+  params.num_tokens = t;
+  params.n = n;
+  params.k = k;
+  params.num_experts = e;
+
+  // Each expert adds at most one partial row tile, so this bounds the tile count from above.
+  const int64_t max_tiles = ((int64_t(t) + K::kTileM - 1) / K::kTileM + e) * tiles_n;
+  const int grid = static_cast<int>(max_tiles < sm_count ? max_tiles : sm_count);
+
+  static std::once_flag smem_flags[64];
+  cudaError_t attr_status = cudaSuccess;
+  std::call_once(smem_flags[device % 64], [&] {
+    attr_status = cudaFuncSetAttribute(moe_gemm_kernel<K>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       K::kSmemBytes);
+  });
+  CUTLASS_MOE_CHECK_CUDA(attr_status);
+  moe_gemm_kernel<K><<<grid, K::kThreads, K::kSmemBytes, stream>>>(params);
+  CUTLASS_MOE_CHECK_CUDA(cudaGetLastError());
+}
+
+}  // namespace cutlass_moe::sm90

@@ -9,7 +9,8 @@
 //     past T); those rows' outputs are never stored.
 //   - weights (B) have one TMA descriptor over all experts, with the expert as the batch mode: no
 //     per-expert tensor-map rewrites.
-//   - out (D) is stored from registers, clipped to the expert's rows and to N.
+//   - out (D): each consumer stages its tile in shared memory, then writes whole 16-byte vectors,
+//     coalesced along rows, clipped to the expert's rows and to N.
 // The mainloop (TMA loads into a multistage smem pipeline, WGMMA) is CUTLASS's sm90 warp-
 // specialized collective, composed here with our own kernel, scheduler and epilogue.
 //
@@ -59,6 +60,12 @@ struct MoeGemmKernel {
 
   using MathOrderBarrier = cutlass::OrderedSequenceBarrier<1, kConsumers>;       // one WGMMA issuer at a time
 
+  // Epilogue staging tile per consumer: rows padded by 16 bytes so that both the fragment writes
+  // (8 rows x 4 adjacent words per warp) and the 16-byte row reads are free of bank conflicts.
+  static constexpr int kEpiPitch = kTileN + 8;
+  using EpilogueTile = cute::array_aligned<Element, kTileM * kEpiPitch, 128>;
+  static constexpr int kEpilogueSmemBytes = static_cast<int>(kConsumers * sizeof(EpilogueTile));
+
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
       Element, LayoutA, kAlignment,
@@ -66,7 +73,7 @@ struct MoeGemmKernel {
       ElementAccumulator,
       TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<
-          static_cast<int>(sizeof(typename MathOrderBarrier::SharedStorage))>,
+          kEpilogueSmemBytes + static_cast<int>(sizeof(typename MathOrderBarrier::SharedStorage))>,
       typename Config::MoeMainloopSchedule
     >::CollectiveOp;
 
@@ -77,6 +84,7 @@ struct MoeGemmKernel {
 
   struct SharedStorage {
     typename Mainloop::TensorStorage tensors;
+    EpilogueTile epilogue[kConsumers];
     alignas(16) typename Mainloop::PipelineStorage pipeline;
     alignas(16) typename MathOrderBarrier::SharedStorage math_order;
   };
@@ -94,30 +102,46 @@ struct MoeGemmKernel {
   };
 };
 
-// Stores a consumer's accumulators for `tile`, clipped to the expert's rows and to N. The GMMA
-// accumulator layout gives each thread pairs of adjacent columns, written as one 32-bit store.
+// Stores a consumer's accumulators for `tile`, clipped to the expert's rows and to N: fragments
+// go to the consumer's staging tile in shared memory (the GMMA accumulator layout gives each thread
+// pairs of adjacent columns, one 32-bit store each), then every thread writes 16-byte vectors
+// along rows. `barrier_id` is the consumer's named barrier (its 128 threads only).
 template <class K, class Accumulators>
-CUTLASS_DEVICE void store_tile(typename K::Params const& params, MoeTile const& tile,
-                               Accumulators const& accum, int thread_idx) {
+CUTLASS_DEVICE void store_tile(typename K::Params const& params, MoeTile const& tile, Accumulators const& accum,
+                               typename K::Element* staging, int thread_idx, int barrier_id) {
   using namespace cute;
   using Element = typename K::Element;
+  constexpr int kThreads = cutlass::NumThreadsPerWarpGroup;
   typename K::TiledMma tiled_mma;
   auto thread_mma = tiled_mma.get_thread_slice(thread_idx);
   Tensor coords = thread_mma.partition_C(make_identity_tensor(make_shape(Int<K::kTileM>{}, Int<K::kTileN>{})));
   static_assert(decltype(size(coords))::value == decltype(size(accum))::value);
 
-  const int rows_left = tile.rows - tile.m_tile * K::kTileM;
-  const int cols_left = params.n - tile.n_tile * K::kTileN;
-  Element* out = params.out + int64_t(tile.row_start + tile.m_tile * K::kTileM) * params.ldout +
-                 tile.n_tile * K::kTileN;
+  // Every thread is done reading the previous tile's staging data.
+  cutlass::arch::NamedBarrier::sync(kThreads, barrier_id);
   cutlass::NumericArrayConverter<Element, float, 2> convert;
   CUTLASS_PRAGMA_UNROLL
   for (int i = 0; i < size(accum); i += 2) {
     const int row = get<0>(coords(i));
-    const int col = get<1>(coords(i));  // coords(i + 1) is (row, col + 1); N % 8 == 0 keeps col + 1 in range
+    const int col = get<1>(coords(i));  // coords(i + 1) is (row, col + 1)
+    cutlass::Array<float, 2> pair{accum(i), accum(i + 1)};
+    *reinterpret_cast<cutlass::Array<Element, 2>*>(staging + row * K::kEpiPitch + col) = convert(pair);
+  }
+  cutlass::arch::NamedBarrier::sync(kThreads, barrier_id);
+
+  constexpr int kVector = 16 / sizeof(Element);  // elements per 16-byte store
+  constexpr int kVectorsPerRow = K::kTileN / kVector;
+  const int rows_left = tile.rows - tile.m_tile * K::kTileM;
+  const int cols_left = params.n - tile.n_tile * K::kTileN;  // a multiple of 8: vectors are all in or all out
+  Element* out = params.out + int64_t(tile.row_start + tile.m_tile * K::kTileM) * params.ldout +
+                 tile.n_tile * K::kTileN;
+  CUTLASS_PRAGMA_UNROLL
+  for (int v = thread_idx; v < K::kTileM * kVectorsPerRow; v += kThreads) {
+    const int row = v / kVectorsPerRow;
+    const int col = v % kVectorsPerRow * kVector;
     if (row < rows_left && col < cols_left) {
-      cutlass::Array<float, 2> pair{accum(i), accum(i + 1)};
-      *reinterpret_cast<cutlass::Array<Element, 2>*>(out + int64_t(row) * params.ldout + col) = convert(pair);
+      *reinterpret_cast<uint4*>(out + int64_t(row) * params.ldout + col) =
+          *reinterpret_cast<uint4 const*>(staging + row * K::kEpiPitch + col);
     }
   }
 }
@@ -202,7 +226,7 @@ moe_gemm_kernel(CUTLASS_GRID_CONSTANT typename K::Params const params) {
       math_order.arrive();
       mainloop.mma_tail(pipeline, read_state, k_tiles);
       read_state.advance(k_tiles * K::kConsumers);
-      store_tile<K>(params, tile, accum, group_thread);
+      store_tile<K>(params, tile, accum, storage.epilogue[consumer].data(), group_thread, consumer);
     }
   }
 #endif

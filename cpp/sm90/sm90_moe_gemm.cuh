@@ -9,8 +9,8 @@
 //     past T); those rows' outputs are never stored.
 //   - weights (B) have one TMA descriptor over all experts, with the expert as the batch mode: no
 //     per-expert tensor-map rewrites.
-//   - out (D): each consumer stages its tile in shared memory, then writes whole 16-byte vectors,
-//     coalesced along rows, clipped to the expert's rows and to N.
+//   - out (D): each consumer stages its tile in shared memory, 64 columns at a time, then writes
+//     whole 16-byte vectors, coalesced along rows, clipped to the expert's rows and to N.
 // The mainloop (TMA loads into a multistage smem pipeline, WGMMA) is CUTLASS's sm90 warp-
 // specialized collective, composed here with our own kernel, scheduler and epilogue.
 //
@@ -60,9 +60,12 @@ struct MoeGemmKernel {
 
   using MathOrderBarrier = cutlass::OrderedSequenceBarrier<1, kConsumers>;       // one WGMMA issuer at a time
 
-  // Epilogue staging tile per consumer: rows padded by 16 bytes so that both the fragment writes
-  // (8 rows x 4 adjacent words per warp) and the 16-byte row reads are free of bank conflicts.
-  static constexpr int kEpiPitch = kTileN + 8;
+  // Epilogue staging per consumer: kTileM x kEpiN, rows padded by 16 bytes so that both the fragment
+  // writes (8 rows x 4 adjacent words per warp) and the 16-byte row reads are free of bank conflicts.
+  // A 64-column slice keeps it small enough (2 x 9 KB) to leave the mainloop 5 stages at 64x256x64.
+  static constexpr int kEpiN = 64;
+  static constexpr int kEpiPitch = kEpiN + 8;
+  static_assert(kTileN % kEpiN == 0);
   using EpilogueTile = cute::array_aligned<Element, kTileM * kEpiPitch, 128>;
   static constexpr int kEpilogueSmemBytes = static_cast<int>(kConsumers * sizeof(EpilogueTile));
 
@@ -102,46 +105,52 @@ struct MoeGemmKernel {
   };
 };
 
-// Stores a consumer's accumulators for `tile`, clipped to the expert's rows and to N: fragments
-// go to the consumer's staging tile in shared memory (the GMMA accumulator layout gives each thread
-// pairs of adjacent columns, one 32-bit store each), then every thread writes 16-byte vectors
-// along rows. `barrier_id` is the consumer's named barrier (its 128 threads only).
+// Stores a consumer's accumulators for `tile`, clipped to the expert's rows and to N, one
+// kEpiN-column slice at a time: the slice's fragments go to the consumer's staging buffer in shared
+// memory (the GMMA accumulator layout gives each thread pairs of adjacent columns, one 32-bit store
+// each), then every thread writes 16-byte vectors along rows. `barrier_id` is the consumer's named
+// barrier (its 128 threads only).
 template <class K, class Accumulators>
 CUTLASS_DEVICE void store_tile(typename K::Params const& params, MoeTile const& tile, Accumulators const& accum,
                                typename K::Element* staging, int thread_idx, int barrier_id) {
   using namespace cute;
   using Element = typename K::Element;
   constexpr int kThreads = cutlass::NumThreadsPerWarpGroup;
+  constexpr int kVector = 16 / sizeof(Element);  // elements per 16-byte store
+  constexpr int kVectorsPerRow = K::kEpiN / kVector;
   typename K::TiledMma tiled_mma;
   auto thread_mma = tiled_mma.get_thread_slice(thread_idx);
   Tensor coords = thread_mma.partition_C(make_identity_tensor(make_shape(Int<K::kTileM>{}, Int<K::kTileN>{})));
   static_assert(decltype(size(coords))::value == decltype(size(accum))::value);
-
-  // Every thread is done reading the previous tile's staging data.
-  cutlass::arch::NamedBarrier::sync(kThreads, barrier_id);
   cutlass::NumericArrayConverter<Element, float, 2> convert;
-  CUTLASS_PRAGMA_UNROLL
-  for (int i = 0; i < size(accum); i += 2) {
-    const int row = get<0>(coords(i));
-    const int col = get<1>(coords(i));  // coords(i + 1) is (row, col + 1)
-    cutlass::Array<float, 2> pair{accum(i), accum(i + 1)};
-    *reinterpret_cast<cutlass::Array<Element, 2>*>(staging + row * K::kEpiPitch + col) = convert(pair);
-  }
-  cutlass::arch::NamedBarrier::sync(kThreads, barrier_id);
 
-  constexpr int kVector = 16 / sizeof(Element);  // elements per 16-byte store
-  constexpr int kVectorsPerRow = K::kTileN / kVector;
   const int rows_left = tile.rows - tile.m_tile * K::kTileM;
   const int cols_left = params.n - tile.n_tile * K::kTileN;  // a multiple of 8: vectors are all in or all out
   Element* out = params.out + int64_t(tile.row_start + tile.m_tile * K::kTileM) * params.ldout +
                  tile.n_tile * K::kTileN;
+
   CUTLASS_PRAGMA_UNROLL
-  for (int v = thread_idx; v < K::kTileM * kVectorsPerRow; v += kThreads) {
-    const int row = v / kVectorsPerRow;
-    const int col = v % kVectorsPerRow * kVector;
-    if (row < rows_left && col < cols_left) {
-      *reinterpret_cast<uint4*>(out + int64_t(row) * params.ldout + col) =
-          *reinterpret_cast<uint4 const*>(staging + row * K::kEpiPitch + col);
+  for (int slice = 0; slice < K::kTileN / K::kEpiN; ++slice) {
+    const int first_col = slice * K::kEpiN;
+    cutlass::arch::NamedBarrier::sync(kThreads, barrier_id);  // the previous slice has been read out
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < size(accum); i += 2) {
+      const int row = get<0>(coords(i));
+      const int col = get<1>(coords(i)) - first_col;  // coords(i + 1) is (row, col + 1)
+      if (col >= 0 && col < K::kEpiN) {
+        cutlass::Array<float, 2> pair{accum(i), accum(i + 1)};
+        *reinterpret_cast<cutlass::Array<Element, 2>*>(staging + row * K::kEpiPitch + col) = convert(pair);
+      }
+    }
+    cutlass::arch::NamedBarrier::sync(kThreads, barrier_id);
+    CUTLASS_PRAGMA_UNROLL
+    for (int v = thread_idx; v < K::kTileM * kVectorsPerRow; v += kThreads) {
+      const int row = v / kVectorsPerRow;
+      const int col = v % kVectorsPerRow * kVector;
+      if (row < rows_left && first_col + col < cols_left) {
+        *reinterpret_cast<uint4*>(out + int64_t(row) * params.ldout + first_col + col) =
+            *reinterpret_cast<uint4 const*>(staging + row * K::kEpiPitch + col);
+      }
     }
   }
 }

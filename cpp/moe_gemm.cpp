@@ -1,6 +1,7 @@
 // Host-side entry points: argument checks, config resolution and dispatch to the kernel instances
 // this build holds. No CUTLASS here; the instance table comes from the generated
 // sm90_grouped_instances.inc (one line per instance, see CMakeLists.txt).
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <sstream>
@@ -83,7 +84,14 @@ const Instance& find_instance(const MoeGemmProblem& p, Backend backend, KernelCo
                     "this build has sm90a kernels only; device " << device << " is sm" << info.cc);
   CUTLASS_MOE_CHECK_ARG(backend == Backend::kAuto || backend == Backend::kGrouped || backend == Backend::kMoe,
                         "backend: unknown value " << static_cast<int>(backend));
-  if (backend == Backend::kAuto) backend = select_backend(p, device);
+  if (backend == Backend::kAuto) {
+    backend = select_backend(p, device);
+    // A custom build may lack the family the heuristic picks: take the other one.
+    const bool built = std::any_of(instances().begin(), instances().end(), [&](const Instance& inst) {
+      return inst.backend == backend && inst.dtype == p.dtype && inst.layout == p.weight_layout;
+    });
+    if (!built) backend = backend == Backend::kMoe ? Backend::kGrouped : Backend::kMoe;
+  }
   const bool automatic = config == KernelConfig::kAuto;
   if (automatic) config = select_config(p, backend, device);
   const Instance* fallback = nullptr;

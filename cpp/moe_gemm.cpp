@@ -116,6 +116,8 @@ const char* backend_name(Backend backend) {
     case Backend::kAuto: return "auto";
     case Backend::kGrouped: return "grouped";
     case Backend::kMoe: return "moe";
+    case Backend::kSm80Grouped: return "sm80_grouped";
+    case Backend::kSm80Moe: return "sm80_moe";
   }
   return "unknown";
 }

@@ -43,10 +43,13 @@ enum class WeightLayout : int {
 
 // Kernel families.
 enum class Backend : int {
-  kAuto = 0,     // the faster family for the problem (select_backend)
-  kGrouped = 1,  // CUTLASS's ptr-array grouped GEMM; a small kernel first writes per-expert arrays
-  kMoe = 2,      // our MoE kernel: base pointers + counts, one launch, no per-expert arrays
+  kAuto = 0,         // the faster family for the device and problem (select_backend)
+  kGrouped = 1,      // sm90: CUTLASS's ptr-array grouped GEMM; a small kernel first writes per-expert arrays
+  kMoe = 2,          // sm90: our MoE kernel: base pointers + counts, one launch, no per-expert arrays
+  kSm80Grouped = 3,  // sm80+: CUTLASS 2.x GemmGrouped (device-only scheduling) after the same array kernel
+  kSm80Moe = 4,      // sm80+: CUTLASS 2.x mainloop under our problem visitor: base pointers + counts
 };
+constexpr int kNumBackends = 5;
 
 // Kernel configurations. The numbers are CTA tile M x N x K and the cluster shape.
 enum class KernelConfig : int {

@@ -3,8 +3,19 @@
 #include "cutlass_moe/cutlass_moe.h"
 
 namespace cutlass_moe {
+namespace {
 
-Backend select_backend(const MoeGemmProblem& /*problem*/, int /*device*/) {
+// On Ampere/Ada (no sm90 kernels): the sm80 MoE kernel, which needs no argument-building launch.
+Backend select_sm80_backend(const MoeGemmProblem&) { return Backend::kSm80Moe; }
+
+}  // namespace
+
+Backend select_backend(const MoeGemmProblem& problem, int device) {
+  int major = 0;
+  if (device >= 0 && cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
+      major == 8) {
+    return select_sm80_backend(problem);
+  }
   // Measured on H200s over the public cases, two runs of two samples each (benchmarks/NOTES.md):
   // the MoE kernel was faster on 9 of 14 cases in both runs (by 2-14%: every seed000 case,
   // qwen3-30b-decode, mixtral-decode, mixtral-prefill) and within -6%..+9% on the other five, with
@@ -13,6 +24,12 @@ Backend select_backend(const MoeGemmProblem& /*problem*/, int /*device*/) {
 }
 
 KernelConfig select_config(const MoeGemmProblem& problem, Backend backend, int /*device*/) {
+  if (backend == Backend::kSm80Grouped || backend == Backend::kSm80Moe) {
+    // Same reasoning as sm90: a 64-row tile wastes less on each expert's partial last tile.
+    return problem.num_tokens / (problem.num_experts > 0 ? problem.num_experts : 1) <= 64
+               ? KernelConfig::kSm80_64x128x32_32x64_s4
+               : KernelConfig::kSm80_128x128x32_64x64_s4;
+  }
   if (backend == Backend::kMoe) {
     return KernelConfig::kSm90Pingpong_64x256x64_1x1x1;  // the one config the MoE family implements
   }

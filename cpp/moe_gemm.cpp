@@ -4,19 +4,19 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <iterator>
 #include <sstream>
 
 #include "check.h"
 #include "cutlass_moe/cutlass_moe.h"
-#include "sm90/sm90_grouped_gemm.h"
-#include "sm90/sm90_moe_gemm.h"
+#include "kernel_families.h"
 #include "zero_rows.h"
 
 namespace cutlass_moe {
 namespace {
 
 struct Instance {
-  const char* arch;
+  const char* arch;  // "sm90" or "sm80"
   Backend backend;
   DType dtype;
   WeightLayout layout;
@@ -25,26 +25,47 @@ struct Instance {
   void (*run)(const MoeGemmProblem&, void*, size_t, int, cudaStream_t);
 };
 
-#define CUTLASS_MOE_SM90_INSTANCE(FAMILY, BACKEND, DTYPE, LAYOUT, CONFIG)                         \
-  Instance{"sm90", Backend::BACKEND, DType::DTYPE, WeightLayout::LAYOUT, KernelConfig::CONFIG,    \
-           &sm90::FAMILY<DType::DTYPE, WeightLayout::LAYOUT, KernelConfig::CONFIG>::workspace_size, \
-           &sm90::FAMILY<DType::DTYPE, WeightLayout::LAYOUT, KernelConfig::CONFIG>::run},
+#define CUTLASS_MOE_INSTANCE(ARCH, FAMILY, BACKEND, DTYPE, LAYOUT, CONFIG)                        \
+  Instance{#ARCH, Backend::BACKEND, DType::DTYPE, WeightLayout::LAYOUT, KernelConfig::CONFIG,      \
+           &ARCH::FAMILY<DType::DTYPE, WeightLayout::LAYOUT, KernelConfig::CONFIG>::workspace_size, \
+           &ARCH::FAMILY<DType::DTYPE, WeightLayout::LAYOUT, KernelConfig::CONFIG>::run},
 #define CUTLASS_MOE_SM90_GROUPED_INSTANCE(DTYPE, LAYOUT, CONFIG) \
-  CUTLASS_MOE_SM90_INSTANCE(GroupedGemmInstance, kGrouped, DTYPE, LAYOUT, CONFIG)
+  CUTLASS_MOE_INSTANCE(sm90, GroupedGemmInstance, kGrouped, DTYPE, LAYOUT, CONFIG)
 #define CUTLASS_MOE_SM90_MOE_INSTANCE(DTYPE, LAYOUT, CONFIG) \
-  CUTLASS_MOE_SM90_INSTANCE(MoeGemmInstance, kMoe, DTYPE, LAYOUT, CONFIG)
+  CUTLASS_MOE_INSTANCE(sm90, MoeGemmInstance, kMoe, DTYPE, LAYOUT, CONFIG)
+#define CUTLASS_MOE_SM80_GROUPED_INSTANCE(DTYPE, LAYOUT, CONFIG) \
+  CUTLASS_MOE_INSTANCE(sm80, GroupedGemmInstance, kSm80Grouped, DTYPE, LAYOUT, CONFIG)
+#define CUTLASS_MOE_SM80_MOE_INSTANCE(DTYPE, LAYOUT, CONFIG) \
+  CUTLASS_MOE_INSTANCE(sm80, MoeGemmInstance, kSm80Moe, DTYPE, LAYOUT, CONFIG)
 
 const std::vector<Instance>& instances() {
   static const std::vector<Instance> table = {
 #include "sm90_grouped_instances.inc"
 #include "sm90_moe_instances.inc"
+#include "sm80_grouped_instances.inc"
+#include "sm80_moe_instances.inc"
   };
   return table;
 }
 
+#undef CUTLASS_MOE_SM80_MOE_INSTANCE
+#undef CUTLASS_MOE_SM80_GROUPED_INSTANCE
 #undef CUTLASS_MOE_SM90_MOE_INSTANCE
 #undef CUTLASS_MOE_SM90_GROUPED_INSTANCE
-#undef CUTLASS_MOE_SM90_INSTANCE
+#undef CUTLASS_MOE_INSTANCE
+
+// Compute capabilities the sm80 families carry machine code for (CMake's CUTLASS_MOE_ARCHS).
+constexpr int kSm80FamilyCcs[] = {0, CUTLASS_MOE_SM80_FAMILY_CCS};  // 0: never a device
+
+bool is_sm80_backend(Backend backend) {
+  return backend == Backend::kSm80Grouped || backend == Backend::kSm80Moe;
+}
+
+// Whether this build has machine code of `backend` for a device of compute capability `cc`.
+bool runs_on(Backend backend, int cc) {
+  if (!is_sm80_backend(backend)) return cc == 90;  // sm90a code runs on sm90 only
+  return std::find(std::begin(kSm80FamilyCcs), std::end(kSm80FamilyCcs), cc) != std::end(kSm80FamilyCcs);
+}
 
 const char* dtype_name(DType dtype) { return dtype == DType::kFloat16 ? "fp16" : "bf16"; }
 const char* layout_name(WeightLayout layout) { return layout == WeightLayout::kKN ? "kn" : "nk"; }
@@ -76,22 +97,34 @@ bool is_empty(const MoeGemmProblem& p) {
   return p.num_tokens == 0 || p.num_experts == 0 || p.n == 0;
 }
 
+bool is_built(Backend backend, const MoeGemmProblem& p) {
+  return std::any_of(instances().begin(), instances().end(), [&](const Instance& inst) {
+    return inst.backend == backend && inst.dtype == p.dtype && inst.layout == p.weight_layout;
+  });
+}
+
 // Resolves kAuto (family, then config) and finds the instance; throws kNotSupported if this build
-// lacks it.
+// lacks it or has no machine code for the device.
 const Instance& find_instance(const MoeGemmProblem& p, Backend backend, KernelConfig config, int device) {
-  DeviceInfo info = device_info(device);
-  CUTLASS_MOE_CHECK(info.cc == 90, Status::kNotSupported,
-                    "this build has sm90a kernels only; device " << device << " is sm" << info.cc);
-  CUTLASS_MOE_CHECK_ARG(backend == Backend::kAuto || backend == Backend::kGrouped || backend == Backend::kMoe,
+  const int cc = device_info(device).cc;
+  CUTLASS_MOE_CHECK_ARG(static_cast<int>(backend) >= 0 && static_cast<int>(backend) < kNumBackends,
                         "backend: unknown value " << static_cast<int>(backend));
   if (backend == Backend::kAuto) {
     backend = select_backend(p, device);
-    // A custom build may lack the family the heuristic picks: take the other one.
-    const bool built = std::any_of(instances().begin(), instances().end(), [&](const Instance& inst) {
-      return inst.backend == backend && inst.dtype == p.dtype && inst.layout == p.weight_layout;
-    });
-    if (!built) backend = backend == Backend::kMoe ? Backend::kGrouped : Backend::kMoe;
+    // The heuristic's family may be missing from a custom build: take the first family, in order
+    // of preference, that is built and runs here.
+    if (!is_built(backend, p) || !runs_on(backend, cc)) {
+      for (Backend b : {Backend::kMoe, Backend::kGrouped, Backend::kSm80Moe, Backend::kSm80Grouped}) {
+        if (is_built(b, p) && runs_on(b, cc)) {
+          backend = b;
+          break;
+        }
+      }
+    }
   }
+  CUTLASS_MOE_CHECK(runs_on(backend, cc), Status::kNotSupported,
+                    "this build has no " << backend_name(backend) << " kernels for device " << device << " (sm"
+                                         << cc << "); build with CUTLASS_MOE_ARCHS including it");
   const bool automatic = config == KernelConfig::kAuto;
   if (automatic) config = select_config(p, backend, device);
   const Instance* fallback = nullptr;
@@ -100,7 +133,7 @@ const Instance& find_instance(const MoeGemmProblem& p, Backend backend, KernelCo
     if (inst.config == config) return inst;
     if (!fallback) fallback = &inst;
   }
-  // A custom build (CUTLASS_MOE_SM90_*CONFIGS) may lack the heuristic's pick: take what is built.
+  // A custom build (CUTLASS_MOE_*CONFIGS) may lack the heuristic's pick: take what is built.
   if (automatic && fallback) return *fallback;
   CUTLASS_MOE_CHECK(false, Status::kNotSupported,
                     "no " << backend_name(backend) << " kernel built for " << dtype_name(p.dtype) << ", weights "
@@ -131,6 +164,8 @@ const char* config_name(KernelConfig config) {
     case KernelConfig::kSm90Pingpong_64x256x64_1x1x1: return "sm90_pingpong_64x256x64_1x1x1";
     case KernelConfig::kSm90Cooperative_256x128x64_2x1x1: return "sm90_cooperative_256x128x64_2x1x1";
     case KernelConfig::kSm90Pingpong_128x128x64_1x2x1: return "sm90_pingpong_128x128x64_1x2x1";
+    case KernelConfig::kSm80_64x128x32_32x64_s4: return "sm80_64x128x32_32x64_s4";
+    case KernelConfig::kSm80_128x128x32_64x64_s4: return "sm80_128x128x32_64x64_s4";
   }
   return "unknown";
 }
@@ -206,7 +241,8 @@ std::string build_info() {
   std::ostringstream os;
   os << "cutlass_moe " << CUTLASS_MOE_VERSION << "; CUDA " << CUDART_VERSION / 1000 << "."
      << (CUDART_VERSION % 1000) / 10 << "; CUTLASS " << CUTLASS_MOE_CUTLASS_VERSION << "; archs "
-     << CUTLASS_MOE_ARCHS;
+     << CUTLASS_MOE_ARCHS << "; sm80 families for sm";
+  for (size_t i = 1; i < std::size(kSm80FamilyCcs); ++i) os << (i > 1 ? ",sm" : "_") << kSm80FamilyCcs[i];
   return os.str();
 }
 

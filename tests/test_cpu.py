@@ -134,20 +134,26 @@ def test_heuristic_picks_small_m_tiles_unless_experts_have_thousands_of_rows(t, 
 
 def test_moe_backend_config_and_auto_backend_resolve():
     assert cutlass_moe.select_config(1024, 256, 4096, 7168, backend="moe") == ("moe", "sm90_pingpong_64x256x64_1x1x1")
-    assert cutlass_moe.select_config(1024, 256, 4096, 7168) == ("moe", "sm90_pingpong_64x256x64_1x1x1")
+    assert cutlass_moe.select_config(1024, 256, 4096, 7168, device=-1) == ("moe", "sm90_pingpong_64x256x64_1x1x1")
+    for family in ("sm80_moe", "sm80_grouped"):
+        assert cutlass_moe.select_config(1024, 256, 4096, 7168, backend=family) == (family, "sm80_64x128x32_32x64_s4")
+        assert cutlass_moe.select_config(32768, 256, 4096, 7168, backend=family) == (family, "sm80_128x128x32_64x64_s4")
     with pytest.raises(ValueError, match="backend"):
         cutlass_moe.select_config(1, 1, 8, 8, backend="fast")
 
 
 def test_compiled_module_reports_its_build():
     info = cutlass_moe.build_info()
-    assert "CUTLASS 4." in info["summary"] and "sm90a" in info["summary"]
+    assert "CUTLASS 4." in info["summary"] and "90a" in info["summary"]
     instances = set(info["instances"])
     for dtype in ("bf16", "fp16"):
         for layout in ("kn", "nk"):
             for config in ("sm90_pingpong_64x256x64_1x1x1", "sm90_cooperative_128x256x64_1x2x1"):
                 assert f"sm90:grouped:{dtype}:{layout}:{config}" in instances
             assert f"sm90:moe:{dtype}:{layout}:sm90_pingpong_64x256x64_1x1x1" in instances
+            for family in ("sm80_grouped", "sm80_moe"):
+                for config in ("sm80_64x128x32_32x64_s4", "sm80_128x128x32_64x64_s4"):
+                    assert f"sm80:{family}:{dtype}:{layout}:{config}" in instances
 
 
 def test_bench_counts_follow_the_public_recipe():

@@ -12,8 +12,13 @@ pytestmark = requires_sm90
 
 SMALL_M = "sm90_pingpong_64x256x64_1x1x1"
 LARGE_M = "sm90_cooperative_128x256x64_1x2x1"
-# (backend, config): both configs of the grouped family and the MoE family's kernel.
-KERNELS = [("grouped", SMALL_M), ("grouped", LARGE_M), ("moe", SMALL_M)]
+SM80_SMALL_M = "sm80_64x128x32_32x64_s4"
+SM80_LARGE_M = "sm80_128x128x32_64x64_s4"
+BACKENDS = ["grouped", "moe", "sm80_grouped", "sm80_moe"]  # the sm80 families run on Hopper too
+# (backend, config): every config of every family.
+KERNELS = [("grouped", SMALL_M), ("grouped", LARGE_M), ("moe", SMALL_M),
+           ("sm80_grouped", SM80_SMALL_M), ("sm80_grouped", SM80_LARGE_M),
+           ("sm80_moe", SM80_SMALL_M), ("sm80_moe", SM80_LARGE_M)]
 KERNEL_IDS = [f"{b}-{c.split('_')[1]}{c.split('_')[2]}" for b, c in KERNELS]
 kernels = pytest.mark.parametrize("backend,config", KERNELS, ids=KERNEL_IDS)
 
@@ -72,7 +77,7 @@ def test_irregular_splits(e, kind, backend, config):
              kind=kind, seed=e)
 
 
-@pytest.mark.parametrize("backend", ["grouped", "moe"])
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("kind", ["random", "hot", "one"])
 @pytest.mark.parametrize("e", [1024, 4096])
 def test_many_experts(e, kind, backend):
@@ -81,7 +86,7 @@ def test_many_experts(e, kind, backend):
              kind=kind, seed=e, tail=7)
 
 
-@pytest.mark.parametrize("backend", ["grouped", "moe"])
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("counts_on", ["cuda", "cpu"])
 @pytest.mark.parametrize("count_dtype", [torch.int32, torch.int64])
 def test_count_types_and_devices(count_dtype, counts_on, backend):
@@ -97,10 +102,11 @@ def test_families_agree_on_random_splits(seed):
     w = torch.randn(e, 768, 512, device="cuda", dtype=torch.bfloat16, generator=gen)
     counts = random_counts(e, t, torch.Generator().manual_seed(seed), "random").cuda()
     grouped = moe_gemm(x, w, counts, trans_b=True, backend="grouped")
-    moe = moe_gemm(x, w, counts, trans_b=True, backend="moe")
-    # Same fp32 accumulation over the same K order per tile: results agree to bf16 rounding.
-    err = (grouped.float() - moe.float()).norm() / grouped.float().norm()
-    assert err < 1e-2
+    for other in BACKENDS[1:]:
+        y = moe_gemm(x, w, counts, trans_b=True, backend=other)
+        # fp32 accumulation in every family: results agree to bf16 rounding.
+        err = (grouped.float() - y.float()).norm() / grouped.float().norm()
+        assert err < 1e-2, other
 
 
 def _kernel_launches(fn):
@@ -123,6 +129,8 @@ def test_moe_family_is_one_launch_per_call():
     assert len(launches) == 1 and "moe_gemm_kernel" in launches[0], launches
     grouped = _kernel_launches(lambda: moe_gemm(x, w, counts, out=out, backend="grouped"))
     assert len(grouped) == 2, grouped  # the argument-building kernel, then CUTLASS's grouped GEMM
+    assert len(_kernel_launches(lambda: moe_gemm(x, w, counts, out=out, backend="sm80_moe"))) == 1
+    assert len(_kernel_launches(lambda: moe_gemm(x, w, counts, out=out, backend="sm80_grouped"))) == 2
 
 
 def test_auto_config_and_new_output():
@@ -145,7 +153,7 @@ def test_zero_tokens_and_empty_experts():
     assert torch.isnan(out.float()).all(), "all-zero counts write nothing"
 
 
-@pytest.mark.parametrize("backend", ["grouped", "moe"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_k_zero_writes_zeros_to_owned_rows(backend):
     x = torch.empty(10, 0, device="cuda", dtype=torch.bfloat16)
     w = torch.empty(2, 0, 16, device="cuda", dtype=torch.bfloat16)
@@ -170,7 +178,7 @@ def test_bad_device_counts_are_clamped_on_the_device(counts, backend, config):
     check(out, x, w, c, False, poison_rows_from=True)
 
 
-@pytest.mark.parametrize("backend", ["grouped", "moe"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_strided_x_and_out(backend):
     gen = torch.Generator(device="cuda").manual_seed(2)
     x = torch.randn(300, 192, device="cuda", dtype=torch.bfloat16, generator=gen)[:, :128]  # ldx 192
@@ -197,7 +205,7 @@ def test_misaligned_views_are_rejected():
         moe_gemm(x[:, :64], torch.randn(2, 64, 68, device="cuda", dtype=torch.bfloat16)[:, :, :64], counts)
 
 
-@pytest.mark.parametrize("backend", ["grouped", "moe"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_non_default_stream(backend):
     gen = torch.Generator(device="cuda").manual_seed(3)
     x = torch.randn(2048, 256, device="cuda", dtype=torch.bfloat16, generator=gen)

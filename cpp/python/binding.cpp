@@ -84,19 +84,19 @@ PYBIND11_MODULE(_C, m) {
         });
 
   // The heuristics' picks for these sizes: (backend, config), with backend kAuto resolved first.
-  m.def("select", [](int64_t num_tokens, int64_t num_experts, int64_t n, int64_t k, int backend) {
+  m.def("select", [](int64_t num_tokens, int64_t num_experts, int64_t n, int64_t k, int backend, int device) {
     MoeGemmProblem p;
     p.num_tokens = num_tokens;
     p.num_experts = num_experts;
     p.n = n;
     p.k = k;
     Backend b = static_cast<Backend>(backend);
-    if (b == Backend::kAuto) b = select_backend(p, /*device=*/0);
-    return std::make_pair(static_cast<int>(b), static_cast<int>(select_config(p, b, /*device=*/0)));
+    if (b == Backend::kAuto) b = select_backend(p, device);
+    return std::make_pair(static_cast<int>(b), static_cast<int>(select_config(p, b, device)));
   });
   m.def("backend_names", [] {
     py::dict names;  // name -> Backend value
-    for (Backend b : {Backend::kAuto, Backend::kGrouped, Backend::kMoe}) names[backend_name(b)] = static_cast<int>(b);
+    for (int b = 0; b < kNumBackends; ++b) names[backend_name(static_cast<Backend>(b))] = b;
     return names;
   });
 

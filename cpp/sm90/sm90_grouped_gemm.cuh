@@ -3,14 +3,13 @@
 //
 // One call is two launches on the caller's stream:
 //   1. build_grouped_arguments: one CTA reads tokens_per_expert on the device, clamps the counts
-//      (see cutlass_moe.h), and writes each expert's problem shape, A/B/D pointers and strides
+//      (expert_ranges.cuh), and writes each expert's problem shape, A/B/D pointers and strides
 //      into the workspace;
 //   2. the CUTLASS grouped GEMM, with device-only problem shapes (host_problem_shapes = nullptr).
 // The host never reads the counts, so the call is capturable in a CUDA graph and a replay picks up
 // new counts.
 #pragma once
 
-#include <cub/block/block_scan.cuh>
 #include <cute/tensor.hpp>
 #include <cutlass/cutlass.h>
 #include <cutlass/epilogue/collective/collective_builder.hpp>
@@ -21,7 +20,9 @@
 
 #include "check.h"
 #include "sm90/sm90_common.cuh"
-#include "sm90/sm90_grouped_gemm.h"
+#include "expert_ranges.cuh"
+#include "kernel_families.h"
+#include "workspace.h"
 
 namespace cutlass_moe::sm90 {
 
@@ -80,72 +81,37 @@ struct GroupedArrays {
   typename K::StrideD* stride_d;
 };
 
-constexpr size_t kWorkspaceAlignment = 256;
-
-inline size_t align_up(size_t bytes, size_t alignment = kWorkspaceAlignment) {
-  return (bytes + alignment - 1) / alignment * alignment;
-}
-
-// Lays the arrays out from `base` (nullptr to only count) and returns the bytes they take.
+// Lays the arrays out from the carver's base (a null base only counts the bytes).
 template <class K>
-size_t carve_arrays(char* base, int64_t num_experts, GroupedArrays<K>* arrays) {
-  size_t offset = 0;
-  auto take = [&](auto*& ptr, size_t element_bytes) {
-    using T = std::remove_reference_t<decltype(ptr)>;
-    ptr = base ? reinterpret_cast<T>(base + offset) : nullptr;
-    offset += align_up(element_bytes * static_cast<size_t>(num_experts));
-  };
-  take(arrays->shapes, sizeof(typename K::Shape));
-  take(arrays->ptr_a, sizeof(void*));
-  take(arrays->ptr_b, sizeof(void*));
-  take(arrays->ptr_d, sizeof(void*));
-  take(arrays->stride_a, sizeof(typename K::StrideA));
-  take(arrays->stride_b, sizeof(typename K::StrideB));
-  take(arrays->stride_d, sizeof(typename K::StrideD));
-  return offset;
+GroupedArrays<K> carve_arrays(WorkspaceCarver& carver, int64_t num_experts) {
+  GroupedArrays<K> arrays;
+  arrays.shapes   = carver.take<typename K::Shape>(num_experts);
+  arrays.ptr_a    = carver.take<const typename K::Element*>(num_experts);
+  arrays.ptr_b    = carver.take<const typename K::Element*>(num_experts);
+  arrays.ptr_d    = carver.take<typename K::Element*>(num_experts);
+  arrays.stride_a = carver.take<typename K::StrideA>(num_experts);
+  arrays.stride_b = carver.take<typename K::StrideB>(num_experts);
+  arrays.stride_d = carver.take<typename K::StrideD>(num_experts);
+  return arrays;
 }
 
-constexpr int kBuildThreads = 1024;
-
-// One CTA: prefix-sums the clamped counts 1024 experts at a time and writes the arrays.
+// One CTA: turns the counts into per-expert shapes, pointers and strides.
 template <class K, class Count>
-__global__ void __launch_bounds__(kBuildThreads)
+__global__ void __launch_bounds__(kExpertRangeThreads)
 build_grouped_arguments(GroupedArrays<K> arrays, const Count* __restrict__ tokens_per_expert,
                         int64_t num_experts, int64_t num_tokens, int n, int k,
                         const typename K::Element* x, int64_t ldx,
                         const typename K::Element* weights, int64_t ldw, int64_t expert_stride,
                         typename K::Element* out, int64_t ldout) {
-  using BlockScan = cub::BlockScan<int64_t, kBuildThreads>;
-  __shared__ typename BlockScan::TempStorage scan_storage;
-  __shared__ int64_t chunk_base;
-  if (threadIdx.x == 0) chunk_base = 0;
-  __syncthreads();
-
-  for (int64_t first = 0; first < num_experts; first += kBuildThreads) {
-    int64_t e = first + threadIdx.x;
-    int64_t count = 0;
-    if (e < num_experts) {
-      count = static_cast<int64_t>(tokens_per_expert[e]);
-      count = count < 0 ? 0 : (count > num_tokens ? num_tokens : count);
-    }
-    int64_t prefix, chunk_total;
-    BlockScan(scan_storage).ExclusiveSum(count, prefix, chunk_total);
-    int64_t start = chunk_base + prefix;  // at most E * T: no overflow for T < 2^31, E < 2^32
-    if (e < num_experts) {
-      start = start < num_tokens ? start : num_tokens;
-      int64_t rows = count < num_tokens - start ? count : num_tokens - start;
-      arrays.shapes[e]   = typename K::Shape{static_cast<int>(rows), n, k};
-      arrays.ptr_a[e]    = x + start * ldx;
-      arrays.ptr_b[e]    = weights + e * expert_stride;
-      arrays.ptr_d[e]    = out + start * ldout;
-      arrays.stride_a[e] = leading_stride<typename K::StrideA>(ldx);
-      arrays.stride_b[e] = leading_stride<typename K::StrideB>(ldw);
-      arrays.stride_d[e] = leading_stride<typename K::StrideD>(ldout);
-    }
-    __syncthreads();  // everyone has read chunk_base and scan_storage
-    if (threadIdx.x == 0) chunk_base += chunk_total;
-    __syncthreads();
-  }
+  for_each_expert_range(tokens_per_expert, num_experts, num_tokens, [&](int64_t e, int64_t start, int64_t rows) {
+    arrays.shapes[e]   = typename K::Shape{static_cast<int>(rows), n, k};
+    arrays.ptr_a[e]    = x + start * ldx;
+    arrays.ptr_b[e]    = weights + e * expert_stride;
+    arrays.ptr_d[e]    = out + start * ldout;
+    arrays.stride_a[e] = leading_stride<typename K::StrideA>(ldx);
+    arrays.stride_b[e] = leading_stride<typename K::StrideB>(ldw);
+    arrays.stride_d[e] = leading_stride<typename K::StrideD>(ldout);
+  });
 }
 
 template <class K>
@@ -169,10 +135,9 @@ typename K::Gemm::Arguments make_arguments(const GroupedArrays<K>& arrays, int64
 template <DType kDType, WeightLayout kLayout, KernelConfig kConfig>
 size_t GroupedGemmInstance<kDType, kLayout, kConfig>::workspace_size(int64_t num_experts, int sm_count) {
   using K = GroupedGemmKernel<kDType, kLayout, kConfig>;
-  GroupedArrays<K> arrays{};
-  size_t array_bytes = carve_arrays<K>(nullptr, num_experts, &arrays);
-  auto args = make_arguments<K>(arrays, num_experts, /*device=*/0, sm_count);
-  return array_bytes + align_up(K::Gemm::get_workspace_size(args));
+  WorkspaceCarver carver(nullptr);
+  auto args = make_arguments<K>(carve_arrays<K>(carver, num_experts), num_experts, /*device=*/0, sm_count);
+  return carver.bytes() + align_up(K::Gemm::get_workspace_size(args));
 }
 
 template <DType kDType, WeightLayout kLayout, KernelConfig kConfig>
@@ -187,12 +152,11 @@ void GroupedGemmInstance<kDType, kLayout, kConfig>::run(const MoeGemmProblem& p,
   CUTLASS_MOE_CHECK_ARG(reinterpret_cast<uintptr_t>(workspace) % kWorkspaceAlignment == 0,
                         "workspace must be " << kWorkspaceAlignment << "-byte aligned");
 
-  GroupedArrays<K> arrays{};
-  char* base = static_cast<char*>(workspace);
-  size_t array_bytes = carve_arrays<K>(base, p.num_experts, &arrays);
+  WorkspaceCarver carver(workspace);
+  GroupedArrays<K> arrays = carve_arrays<K>(carver, p.num_experts);
 
   auto build = [&](auto const* counts) {
-    build_grouped_arguments<K><<<1, kBuildThreads, 0, stream>>>(
+    build_grouped_arguments<K><<<1, kExpertRangeThreads, 0, stream>>>(
         arrays, counts, p.num_experts, p.num_tokens, static_cast<int>(p.n), static_cast<int>(p.k),
         static_cast<const Element*>(p.x), p.ldx, static_cast<const Element*>(p.weights), p.ldw,
         p.expert_stride, static_cast<Element*>(p.out), p.ldout);
@@ -211,7 +175,7 @@ void GroupedGemmInstance<kDType, kLayout, kConfig>::run(const MoeGemmProblem& p,
   cutlass::Status status = gemm.can_implement(args);
   CUTLASS_MOE_CHECK(status == cutlass::Status::kSuccess, Status::kCutlassError,
                     "CUTLASS can_implement: " << cutlassGetStatusString(status));
-  status = gemm.initialize(args, base + array_bytes, stream);
+  status = gemm.initialize(args, carver.rest(), stream);
   CUTLASS_MOE_CHECK(status == cutlass::Status::kSuccess, Status::kCutlassError,
                     "CUTLASS initialize: " << cutlassGetStatusString(status));
   status = gemm.run(stream);

@@ -1,7 +1,7 @@
 // sm90 (Hopper) MoE-specialized GEMM: one launch, no per-expert arrays.
 //
 // The kernel gets the base pointers of x, weights and out, E, N, K and the device pointer to
-// tokens_per_expert. A persistent tile scheduler (sm90_moe_scheduler.hpp) finds each tile's expert
+// tokens_per_expert. A persistent tile scheduler (moe_tile_scheduler.hpp) finds each tile's expert
 // and row offset on the device. Operands move as follows:
 //   - x (A) has one TMA descriptor over the whole T x K matrix. A tile's rows start at its expert's
 //     row offset (a domain offset of the TMA coordinate tensor), so they need not be tile-aligned.
@@ -31,8 +31,8 @@
 
 #include "check.h"
 #include "sm90/sm90_common.cuh"
-#include "sm90/sm90_moe_gemm.h"
-#include "sm90/sm90_moe_scheduler.hpp"
+#include "kernel_families.h"
+#include "moe_tile_scheduler.hpp"
 
 namespace cutlass_moe::sm90 {
 

@@ -61,8 +61,11 @@ enum class KernelConfig : int {
   kSm90Pingpong_64x256x64_1x1x1 = 3,
   kSm90Cooperative_256x128x64_2x1x1 = 4,
   kSm90Pingpong_128x128x64_1x2x1 = 5,
+  // sm80 families: CTA tile M x N x K, warp tile, pipeline stages.
+  kSm80_64x128x32_32x64_s4 = 6,   // small M per expert (decode)
+  kSm80_128x128x32_64x64_s4 = 7,  // large M per expert (prefill)
 };
-constexpr int kNumKernelConfigs = 6;  // configs 0 .. kNumKernelConfigs - 1
+constexpr int kNumKernelConfigs = 8;  // configs 0 .. kNumKernelConfigs - 1
 
 enum class Status : int {
   kSuccess = 0,
@@ -111,8 +114,9 @@ struct MoeGemmProblem {
 // Throws Error(kInvalidArgument) naming the field.
 void check_problem(const MoeGemmProblem& problem);
 
-// The family and configuration the heuristics pick from what the host knows: T/E, N and K (never
-// the counts). select_config answers for a given (resolved) family.
+// The family and configuration the heuristics pick from what the host knows: the device's
+// architecture, T/E, N and K (never the counts). select_config answers for a given (resolved)
+// family. A negative device means "an sm90 device".
 Backend select_backend(const MoeGemmProblem& problem, int device);
 KernelConfig select_config(const MoeGemmProblem& problem, Backend backend, int device);
 

@@ -61,12 +61,16 @@ def _workspace_size(dtype: int, layout: int, t: int, e: int, n: int, k: int, bac
     return _C.workspace_size(dtype, layout, t, e, n, k, backend, config, device)
 
 
-def select_config(num_tokens: int, num_experts: int, n: int, k: int, backend: str = "auto") -> Tuple[str, str]:
-    """The (backend, config) that ``backend=backend, config="auto"`` takes for these sizes: a choice
-    from T/E, N and K alone, never the counts."""
+def select_config(num_tokens: int, num_experts: int, n: int, k: int, backend: str = "auto",
+                  device: Optional[int] = None) -> Tuple[str, str]:
+    """The (backend, config) that ``backend=backend, config="auto"`` takes for these sizes on
+    ``device`` (default: the current CUDA device, or an sm90 one where there is none): a choice
+    from the architecture, T/E, N and K alone, never the counts."""
     if backend not in _BACKENDS:
         raise ValueError(f"backend: expected one of {sorted(_BACKENDS)}, got {backend!r}")
-    b, c = _C.select(num_tokens, num_experts, n, k, _BACKENDS[backend])
+    if device is None:
+        device = torch.cuda.current_device() if torch.cuda.is_available() else -1
+    b, c = _C.select(num_tokens, num_experts, n, k, _BACKENDS[backend], device)
     return _BACKEND_NAMES[b], _CONFIG_NAMES[c]
 
 
@@ -93,10 +97,12 @@ def moe_gemm(
         trans_b: whether ``weights`` is (E, N, K).
         out: optional (T, N) tensor of x's dtype to write into; its last dimension must be
             contiguous.
-        backend: kernel family. ``"moe"``: our MoE kernel, which takes base pointers and the
-            counts and finds each tile's expert on the device (one launch, no workspace).
-            ``"grouped"``: CUTLASS's ptr-array grouped GEMM, after a small kernel that writes
-            per-expert pointers and shapes. ``"auto"`` picks per problem (from T/E, N, K).
+        backend: kernel family. ``"moe"`` (sm90): our MoE kernel, which takes base pointers and
+            the counts and finds each tile's expert on the device (one launch, no workspace).
+            ``"grouped"`` (sm90): CUTLASS's ptr-array grouped GEMM, after a small kernel that
+            writes per-expert pointers and shapes. ``"sm80_moe"``, ``"sm80_grouped"``: the same two
+            ideas on CUTLASS 2.x (Ampere/Ada; also built for Hopper). ``"auto"`` picks per device
+            and problem (from the arch, T/E, N, K).
         config: ``"auto"`` (heuristic from T/E, N, K) or a kernel config name from
             :func:`cutlass_moe.built_configs` for the chosen backend.
 

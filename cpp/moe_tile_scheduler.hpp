@@ -1,4 +1,4 @@
-// Persistent tile scheduler of the MoE family: it sees only tokens_per_expert, T and the tile grid,
+// Persistent tile scheduler of the MoE families (sm90 and sm80): it sees only tokens_per_expert, T and the tile grid,
 // and finds each tile's expert, row offset and row count on the device.
 //
 // Tiles are numbered expert-major; inside an expert, m (rows) runs fastest, then n. CTA c of a
@@ -19,7 +19,7 @@
 
 #include <cutlass/cutlass.h>
 
-namespace cutlass_moe::sm90 {
+namespace cutlass_moe {
 
 struct MoeTile {
   int expert;
@@ -117,4 +117,4 @@ class MoeTileScheduler {
   int64_t tiles_incl_ = 0;  // tiles of the window's experts up to and including this lane's
 };
 
-}  // namespace cutlass_moe::sm90
+}  // namespace cutlass_moe

@@ -1,0 +1,58 @@
+// Pieces both sm80 families share: element and layout mapping, tile configs, the epilogue op.
+// The sm80 families are CUTLASS 2.x kernels (cp.async multistage mainloop, mma.sync). They run on
+// sm80, sm86, sm89 and, built for it, sm90 (where they serve as a fallback and for testing).
+#pragma once
+
+#include <cutlass/cutlass.h>
+#include <cutlass/epilogue/thread/linear_combination.h>
+#include <cutlass/gemm/gemm.h>
+#include <cutlass/layout/matrix.h>
+#include <cutlass/numeric_types.h>
+
+#include "cutlass_moe/cutlass_moe.h"
+
+namespace cutlass_moe::sm80 {
+
+template <DType kDType> struct ElementOf;
+template <> struct ElementOf<DType::kFloat16>  { using type = cutlass::half_t; };
+template <> struct ElementOf<DType::kBFloat16> { using type = cutlass::bfloat16_t; };
+
+// WeightLayout -> CUTLASS layout of B, which is logically K x N.
+template <WeightLayout kLayout> struct LayoutBOf;
+template <> struct LayoutBOf<WeightLayout::kKN> { using type = cutlass::layout::RowMajor; };     // N contiguous
+template <> struct LayoutBOf<WeightLayout::kNK> { using type = cutlass::layout::ColumnMajor; };  // K contiguous
+
+template <KernelConfig kConfig> struct ConfigTraits;
+
+#define CUTLASS_MOE_SM80_CONFIG(NAME, TM, TN, TK, WM, WN, WK, STAGES)          \
+  template <> struct ConfigTraits<KernelConfig::NAME> {                        \
+    using ThreadblockShape = cutlass::gemm::GemmShape<TM, TN, TK>;             \
+    using WarpShape        = cutlass::gemm::GemmShape<WM, WN, WK>;             \
+    static constexpr int kStages = STAGES;                                     \
+  };
+
+//                      name                        CTA tile M  N    K   warp tile   stages
+CUTLASS_MOE_SM80_CONFIG(kSm80_64x128x32_32x64_s4,   64,  128, 32,   32, 64, 32,  4)
+CUTLASS_MOE_SM80_CONFIG(kSm80_128x128x32_64x64_s4,  128, 128, 32,   64, 64, 32,  4)
+
+#undef CUTLASS_MOE_SM80_CONFIG
+
+template <DType kDType, WeightLayout kLayout, KernelConfig kConfig>
+struct KernelTypes {
+  using Element            = typename ElementOf<kDType>::type;
+  using ElementAccumulator = float;                                              // fp32 accumulation
+  using LayoutA            = cutlass::layout::RowMajor;                          // x: T x K
+  using LayoutB            = typename LayoutBOf<kLayout>::type;                  // weights[e]: K x N
+  using LayoutC            = cutlass::layout::RowMajor;                          // out: T x N
+  static constexpr int kAlignment = 128 / cutlass::sizeof_bits<Element>::value;  // 16-byte cp.async
+  using ThreadblockShape   = typename ConfigTraits<kConfig>::ThreadblockShape;
+  using WarpShape          = typename ConfigTraits<kConfig>::WarpShape;
+  using InstructionShape   = cutlass::gemm::GemmShape<16, 8, 16>;                // mma.sync bf16/fp16
+  static constexpr int kStages = ConfigTraits<kConfig>::kStages;
+  // out = accumulators, converted: alpha scaling only, so C is never read.
+  using EpilogueOp = cutlass::epilogue::thread::LinearCombination<
+      Element, kAlignment, ElementAccumulator, ElementAccumulator,
+      cutlass::epilogue::thread::ScaleType::OnlyAlphaScaling>;
+};
+
+}  // namespace cutlass_moe::sm80

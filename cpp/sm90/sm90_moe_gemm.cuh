@@ -14,9 +14,10 @@
 // The mainloop (TMA loads into a multistage smem pipeline, WGMMA) is CUTLASS's sm90 warp-
 // specialized collective, composed here with our own kernel, scheduler and epilogue.
 //
-// Pingpong schedule: warp group 0 produces (one warp issues the TMA loads), warp groups 1 and 2
-// consume alternate tiles; an order barrier lets only one of them issue WGMMAs at a time, so one
-// tile's epilogue overlaps the other's mainloop.
+// Warp group 0 produces (one warp issues the TMA loads); warp groups 1 and 2 consume:
+//   - pingpong: they take alternate tiles; an order barrier lets only one of them issue WGMMAs at a
+//     time, so one tile's epilogue overlaps the other's mainloop;
+//   - cooperative: both work on every tile, each on half of its rows.
 #pragma once
 
 #include <array>
@@ -39,8 +40,8 @@ namespace cutlass_moe::sm90 {
 template <DType kDType, WeightLayout kLayout, KernelConfig kConfig>
 struct MoeGemmKernel {
   using Config = ConfigTraits<kConfig>;
-  static_assert(Config::kPingpong, "the MoE family implements the pingpong schedule");
   static_assert(cute::size(typename Config::ClusterShape{}) == 1, "the MoE family runs without clusters");
+  static constexpr bool kPingpong = Config::kPingpong;
 
   using Element            = typename ElementOf<kDType>::type;
   using ElementAccumulator = float;
@@ -53,20 +54,21 @@ struct MoeGemmKernel {
   static constexpr int kTileN = cute::size<1>(TileShape{});
   static constexpr int kTileK = cute::size<2>(TileShape{});
 
-  static constexpr int kConsumers       = 2;                                     // pingpong math warp groups
+  static constexpr int kConsumers       = 2;                                     // math warp groups
   static constexpr int kThreads         = (1 + kConsumers) * cutlass::NumThreadsPerWarpGroup;
   static constexpr int kProducerRegs    = 40;                                    // setmaxnreg budgets, as
   static constexpr int kConsumerRegs    = 232;                                   // CUTLASS's pingpong kernel
 
   using MathOrderBarrier = cutlass::OrderedSequenceBarrier<1, kConsumers>;       // one WGMMA issuer at a time
 
-  // Epilogue staging per consumer: kTileM x kEpiN, rows padded by 16 bytes so that both the fragment
-  // writes (8 rows x 4 adjacent words per warp) and the 16-byte row reads are free of bank conflicts.
-  // A 64-column slice keeps it small enough (2 x 9 KB) to leave the mainloop 5 stages at 64x256x64.
+  // Epilogue staging per consumer: its kEpiRows x kEpiN part of the tile, rows padded by 16 bytes so
+  // that both the fragment writes (8 rows x 4 adjacent words per warp) and the 16-byte row reads are
+  // free of bank conflicts. A 64-column slice keeps it small (2 x 9 KB): 5 stages at 64x256x64.
+  static constexpr int kEpiRows = kPingpong ? kTileM : kTileM / kConsumers;
   static constexpr int kEpiN = 64;
   static constexpr int kEpiPitch = kEpiN + 8;
   static_assert(kTileN % kEpiN == 0);
-  using EpilogueTile = cute::array_aligned<Element, kTileM * kEpiPitch, 128>;
+  using EpilogueTile = cute::array_aligned<Element, kEpiRows * kEpiPitch, 128>;
   static constexpr int kEpilogueSmemBytes = static_cast<int>(kConsumers * sizeof(EpilogueTile));
 
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
@@ -108,25 +110,27 @@ struct MoeGemmKernel {
 // Stores a consumer's accumulators for `tile`, clipped to the expert's rows and to N, one
 // kEpiN-column slice at a time: the slice's fragments go to the consumer's staging buffer in shared
 // memory (the GMMA accumulator layout gives each thread pairs of adjacent columns, one 32-bit store
-// each), then every thread writes 16-byte vectors along rows. `barrier_id` is the consumer's named
-// barrier (its 128 threads only).
+// each), then the consumer's threads write 16-byte vectors along rows. The consumer owns tile rows
+// [first_row, first_row + kEpiRows); mma_thread_idx is the thread's index in the tiled MMA,
+// group_thread its index in the consumer, `barrier_id` the consumer's named barrier.
 template <class K, class Accumulators>
 CUTLASS_DEVICE void store_tile(typename K::Params const& params, MoeTile const& tile, Accumulators const& accum,
-                               typename K::Element* staging, int thread_idx, int barrier_id) {
+                               typename K::Element* staging, int mma_thread_idx, int group_thread, int first_row,
+                               int barrier_id) {
   using namespace cute;
   using Element = typename K::Element;
   constexpr int kThreads = cutlass::NumThreadsPerWarpGroup;
   constexpr int kVector = 16 / sizeof(Element);  // elements per 16-byte store
   constexpr int kVectorsPerRow = K::kEpiN / kVector;
   typename K::TiledMma tiled_mma;
-  auto thread_mma = tiled_mma.get_thread_slice(thread_idx);
+  auto thread_mma = tiled_mma.get_thread_slice(mma_thread_idx);
   Tensor coords = thread_mma.partition_C(make_identity_tensor(make_shape(Int<K::kTileM>{}, Int<K::kTileN>{})));
   static_assert(decltype(size(coords))::value == decltype(size(accum))::value);
   cutlass::NumericArrayConverter<Element, float, 2> convert;
 
-  const int rows_left = tile.rows - tile.m_tile * K::kTileM;
+  const int rows_left = tile.rows - tile.m_tile * K::kTileM - first_row;
   const int cols_left = params.n - tile.n_tile * K::kTileN;  // a multiple of 8: vectors are all in or all out
-  Element* out = params.out + int64_t(tile.row_start + tile.m_tile * K::kTileM) * params.ldout +
+  Element* out = params.out + int64_t(tile.row_start + tile.m_tile * K::kTileM + first_row) * params.ldout +
                  tile.n_tile * K::kTileN;
 
   CUTLASS_PRAGMA_UNROLL
@@ -135,7 +139,7 @@ CUTLASS_DEVICE void store_tile(typename K::Params const& params, MoeTile const& 
     cutlass::arch::NamedBarrier::sync(kThreads, barrier_id);  // the previous slice has been read out
     CUTLASS_PRAGMA_UNROLL
     for (int i = 0; i < size(accum); i += 2) {
-      const int row = get<0>(coords(i));
+      const int row = get<0>(coords(i)) - first_row;
       const int col = get<1>(coords(i)) - first_col;  // coords(i + 1) is (row, col + 1)
       if (col >= 0 && col < K::kEpiN) {
         cutlass::Array<float, 2> pair{accum(i), accum(i + 1)};
@@ -144,7 +148,7 @@ CUTLASS_DEVICE void store_tile(typename K::Params const& params, MoeTile const& 
     }
     cutlass::arch::NamedBarrier::sync(kThreads, barrier_id);
     CUTLASS_PRAGMA_UNROLL
-    for (int v = thread_idx; v < K::kTileM * kVectorsPerRow; v += kThreads) {
+    for (int v = group_thread; v < K::kEpiRows * kVectorsPerRow; v += kThreads) {
       const int row = v / kVectorsPerRow;
       const int col = v % kVectorsPerRow * kVector;
       if (row < rows_left && first_col + col < cols_left) {
@@ -181,7 +185,9 @@ moe_gemm_kernel(CUTLASS_GRID_CONSTANT typename K::Params const params) {
                          : warp_group > 0 ? Pipeline::ThreadCategory::Consumer
                                           : Pipeline::ThreadCategory::NonParticipant;
   pipeline_params.is_leader = group_thread == 0;
-  pipeline_params.num_consumers = cutlass::NumThreadsPerWarpGroup;  // one warp group consumes each stage
+  // Pingpong: one warp group consumes each stage; cooperative: both do.
+  pipeline_params.num_consumers = K::kPingpong ? cutlass::NumThreadsPerWarpGroup
+                                               : K::kConsumers * cutlass::NumThreadsPerWarpGroup;
   pipeline_params.transaction_bytes = params.mainloop.tma_transaction_bytes;
   Pipeline pipeline(storage.pipeline, pipeline_params, typename K::ClusterShape{});
 
@@ -222,20 +228,34 @@ moe_gemm_kernel(CUTLASS_GRID_CONSTANT typename K::Params const params) {
   } else {
     cutlass::arch::warpgroup_reg_alloc<K::kConsumerRegs>();
     const int consumer = warp_group - 1;
-    typename K::PipelineState read_state;
-    if (consumer == 1) read_state.advance(k_tiles);  // consumer 0 takes the first tile's stages
     typename K::TiledMma tiled_mma;
-    for (int64_t index = blockIdx.x + consumer * grid;; index += K::kConsumers * grid) {
-      MoeTile tile = scheduler.tile(index);
-      if (!tile.valid) break;
-      Tensor accum = partition_fragment_C(tiled_mma, take<0, 2>(typename K::TileShape{}));
-      math_order.wait();
-      mainloop.mma(pipeline, read_state, accum, k_tiles, group_thread, storage.tensors,
-                   params.mainloop);
-      math_order.arrive();
-      mainloop.mma_tail(pipeline, read_state, k_tiles);
-      read_state.advance(k_tiles * K::kConsumers);
-      store_tile<K>(params, tile, accum, storage.epilogue[consumer].data(), group_thread, consumer);
+    typename K::PipelineState read_state;
+    if constexpr (K::kPingpong) {
+      if (consumer == 1) read_state.advance(k_tiles);  // consumer 0 takes the first tile's stages
+      for (int64_t index = blockIdx.x + consumer * grid;; index += K::kConsumers * grid) {
+        MoeTile tile = scheduler.tile(index);
+        if (!tile.valid) break;
+        Tensor accum = partition_fragment_C(tiled_mma, take<0, 2>(typename K::TileShape{}));
+        math_order.wait();
+        mainloop.mma(pipeline, read_state, accum, k_tiles, group_thread, storage.tensors, params.mainloop);
+        math_order.arrive();
+        mainloop.mma_tail(pipeline, read_state, k_tiles);
+        read_state.advance(k_tiles * K::kConsumers);
+        store_tile<K>(params, tile, accum, storage.epilogue[consumer].data(), group_thread, group_thread,
+                      /*first_row=*/0, consumer);
+      }
+    } else {
+      const int mma_thread = threadIdx.x - cutlass::NumThreadsPerWarpGroup;  // both consumers: 0..255
+      for (int64_t index = blockIdx.x;; index += grid) {
+        MoeTile tile = scheduler.tile(index);
+        if (!tile.valid) break;
+        Tensor accum = partition_fragment_C(tiled_mma, take<0, 2>(typename K::TileShape{}));
+        mainloop.mma(pipeline, read_state, accum, k_tiles, mma_thread, storage.tensors, params.mainloop);
+        mainloop.mma_tail(pipeline, read_state, k_tiles);
+        read_state.advance(k_tiles);
+        store_tile<K>(params, tile, accum, storage.epilogue[consumer].data(), mma_thread, group_thread,
+                      /*first_row=*/consumer * K::kEpiRows, consumer);
+      }
     }
   }
 #endif

@@ -64,8 +64,9 @@ enum class KernelConfig : int {
   // sm80 families: CTA tile M x N x K, warp tile, pipeline stages.
   kSm80_64x128x32_32x64_s4 = 6,   // small M per expert (decode)
   kSm80_128x128x32_64x64_s4 = 7,  // large M per expert (prefill)
+  kSm90Cooperative_128x256x64_1x1x1 = 8,
 };
-constexpr int kNumKernelConfigs = 8;  // configs 0 .. kNumKernelConfigs - 1
+constexpr int kNumKernelConfigs = 9;  // configs 0 .. kNumKernelConfigs - 1
 
 enum class Status : int {
   kSuccess = 0,

@@ -242,8 +242,8 @@ std::string build_info() {
   std::ostringstream os;
   os << "cutlass_moe " << CUTLASS_MOE_VERSION << "; CUDA " << CUDART_VERSION / 1000 << "."
      << (CUDART_VERSION % 1000) / 10 << "; CUTLASS " << CUTLASS_MOE_CUTLASS_VERSION << "; archs "
-     << CUTLASS_MOE_ARCHS << "; sm80 families for sm";
-  for (size_t i = 1; i < std::size(kSm80FamilyCcs); ++i) os << (i > 1 ? ",sm" : "_") << kSm80FamilyCcs[i];
+     << CUTLASS_MOE_ARCHS << "; sm80 families for ";
+  for (size_t i = 1; i < std::size(kSm80FamilyCcs); ++i) os << (i > 1 ? "," : "") << "sm_" << kSm80FamilyCcs[i];
   return os.str();
 }
 

@@ -10,6 +10,7 @@
 #include "check.h"
 #include "cutlass_moe/cutlass_moe.h"
 #include "kernel_families.h"
+#include "workspace.h"
 #include "zero_rows.h"
 
 namespace cutlass_moe {
@@ -224,7 +225,13 @@ void moe_gemm(const MoeGemmProblem& p, Backend backend, KernelConfig config, voi
   int device = 0;
   CUTLASS_MOE_CHECK_CUDA(cudaGetDevice(&device));
   const Instance& inst = find_instance(p, backend, config, device);
-  inst.run(p, workspace, workspace_bytes, device_info(device).sm_count, stream);
+  const int sm_count = device_info(device).sm_count;
+  const size_t needed = inst.workspace_size(p.num_experts, sm_count);
+  CUTLASS_MOE_CHECK(workspace_bytes >= needed, Status::kWorkspaceTooSmall,
+                    "workspace: expected at least " << needed << " bytes, got " << workspace_bytes);
+  CUTLASS_MOE_CHECK_ARG(needed == 0 || reinterpret_cast<uintptr_t>(workspace) % kWorkspaceAlignment == 0,
+                        "workspace must be " << kWorkspaceAlignment << "-byte aligned");
+  inst.run(p, workspace, workspace_bytes, sm_count, stream);
 }
 
 std::vector<std::string> built_instances() {

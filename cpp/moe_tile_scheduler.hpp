@@ -117,4 +117,11 @@ class MoeTileScheduler {
   int64_t tiles_incl_ = 0;  // tiles of the window's experts up to and including this lane's
 };
 
+// Grid of a persistent MoE kernel: `slots` CTAs (SMs x CTAs per SM), or fewer when there are
+// fewer tiles. Each expert adds at most one partial row tile, which bounds the tile count above.
+inline int persistent_grid(int64_t slots, int64_t num_tokens, int64_t num_experts, int64_t tiles_n, int tile_m) {
+  const int64_t max_tiles = ((num_tokens + tile_m - 1) / tile_m + num_experts) * tiles_n;
+  return static_cast<int>(max_tiles < slots ? max_tiles : slots);
+}
+
 }  // namespace cutlass_moe

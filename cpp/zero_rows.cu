@@ -3,6 +3,7 @@
 #include "zero_rows.h"
 
 #include "check.h"
+#include "launch.h"
 
 namespace cutlass_moe {
 namespace {
@@ -34,13 +35,9 @@ void launch_zero_computed_rows(const MoeGemmProblem& p, cudaStream_t stream) {
   int64_t blocks = p.num_tokens < 1024 ? p.num_tokens : 1024;
   if (blocks == 0 || p.n == 0) return;
   auto* out = static_cast<uint16_t*>(p.out);
-  if (p.count_type == IndexType::kInt32) {
-    zero_computed_rows<<<blocks, 256, 0, stream>>>(static_cast<const int32_t*>(p.tokens_per_expert),
-                                                   p.num_experts, p.num_tokens, out, p.n, p.ldout);
-  } else {
-    zero_computed_rows<<<blocks, 256, 0, stream>>>(static_cast<const int64_t*>(p.tokens_per_expert),
-                                                   p.num_experts, p.num_tokens, out, p.n, p.ldout);
-  }
+  with_typed_counts(p, [&](auto const* counts) {
+    zero_computed_rows<<<blocks, 256, 0, stream>>>(counts, p.num_experts, p.num_tokens, out, p.n, p.ldout);
+  });
   CUTLASS_MOE_CHECK_CUDA(cudaGetLastError());
 }
 

@@ -66,20 +66,11 @@ PYBIND11_MODULE(_C, m) {
   m.def("workspace_size",
         [](int dtype, int weight_layout, int64_t num_tokens, int64_t num_experts, int64_t n, int64_t k,
            int backend, int config, int device) {
-          MoeGemmProblem p;
-          p.dtype = static_cast<DType>(dtype);
-          p.weight_layout = static_cast<WeightLayout>(weight_layout);
-          p.num_tokens = num_tokens;
-          p.num_experts = num_experts;
-          p.n = n;
-          p.k = k;
-          // Only the sizes matter for the workspace; stand-in strides that pass check_problem.
-          void* stand_in = reinterpret_cast<void*>(uintptr_t{256});
-          p.x = p.weights = p.tokens_per_expert = stand_in;
-          p.out = stand_in;
-          p.ldx = k;
-          p.ldw = p.weight_layout == WeightLayout::kKN ? n : k;
-          p.ldout = n;
+          // Only the sizes matter for the workspace; stand-in pointers and strides that pass check_problem.
+          const uintptr_t stand_in = 256;
+          const int64_t ldw = static_cast<WeightLayout>(weight_layout) == WeightLayout::kKN ? n : k;
+          MoeGemmProblem p = make_problem(dtype, weight_layout, /*count_type=*/0, num_tokens, num_experts, n, k,
+                                          stand_in, k, stand_in, ldw, 0, stand_in, n, stand_in);
           return workspace_size(p, static_cast<Backend>(backend), static_cast<KernelConfig>(config), device);
         });
 

@@ -1,4 +1,4 @@
-// Pieces both sm80 families share: element and layout mapping, tile configs, the epilogue op.
+// Pieces both sm80 families share: tile configs, the epilogue op, CUTLASS's grouped kernel.
 // The sm80 families are CUTLASS 2.x kernels (cp.async multistage mainloop, mma.sync). They run on
 // sm80, sm86, sm89 and, built for it, sm90 (where they serve as a fallback and for testing).
 #pragma once
@@ -9,18 +9,12 @@
 #include <cutlass/layout/matrix.h>
 #include <cutlass/numeric_types.h>
 
+#include <cutlass/gemm/kernel/default_gemm_grouped.h>
+
 #include "cutlass_moe/cutlass_moe.h"
+#include "cutlass_types.cuh"
 
 namespace cutlass_moe::sm80 {
-
-template <DType kDType> struct ElementOf;
-template <> struct ElementOf<DType::kFloat16>  { using type = cutlass::half_t; };
-template <> struct ElementOf<DType::kBFloat16> { using type = cutlass::bfloat16_t; };
-
-// WeightLayout -> CUTLASS layout of B, which is logically K x N.
-template <WeightLayout kLayout> struct LayoutBOf;
-template <> struct LayoutBOf<WeightLayout::kKN> { using type = cutlass::layout::RowMajor; };     // N contiguous
-template <> struct LayoutBOf<WeightLayout::kNK> { using type = cutlass::layout::ColumnMajor; };  // K contiguous
 
 template <KernelConfig kConfig> struct ConfigTraits;
 
@@ -53,6 +47,20 @@ struct KernelTypes {
   using EpilogueOp = cutlass::epilogue::thread::LinearCombination<
       Element, kAlignment, ElementAccumulator, ElementAccumulator,
       cutlass::epilogue::thread::ScaleType::OnlyAlphaScaling>;
+  // CUTLASS 2.x GemmGrouped for this config: the grouped family runs it; the MoE family takes its
+  // kernel-level Mma and Epilogue.
+  using GroupedKernel = typename cutlass::gemm::kernel::DefaultGemmGrouped<
+      Element, LayoutA, cutlass::ComplexTransform::kNone, kAlignment,
+      Element, LayoutB, cutlass::ComplexTransform::kNone, kAlignment,
+      Element, LayoutC,
+      ElementAccumulator,
+      cutlass::arch::OpClassTensorOp, cutlass::arch::Sm80,
+      ThreadblockShape, WarpShape, InstructionShape,
+      EpilogueOp,
+      cutlass::gemm::threadblock::GemmIdentityThreadblockSwizzle<1>,
+      kStages,
+      cutlass::gemm::kernel::GroupScheduleMode::kDeviceOnly
+    >::GemmKernel;
 };
 
 }  // namespace cutlass_moe::sm80

@@ -10,11 +10,11 @@
 #pragma once
 
 #include <cutlass/gemm/device/gemm_grouped.h>
-#include <cutlass/gemm/kernel/default_gemm_grouped.h>
 
 #include "check.h"
 #include "expert_ranges.cuh"
 #include "kernel_families.h"
+#include "launch.h"
 #include "sm80/sm80_common.cuh"
 #include "workspace.h"
 
@@ -22,21 +22,7 @@ namespace cutlass_moe::sm80 {
 
 template <DType kDType, WeightLayout kLayout, KernelConfig kConfig>
 struct GroupedGemmKernel : KernelTypes<kDType, kLayout, kConfig> {
-  using T = KernelTypes<kDType, kLayout, kConfig>;
-  using Kernel = typename cutlass::gemm::kernel::DefaultGemmGrouped<
-      typename T::Element, typename T::LayoutA, cutlass::ComplexTransform::kNone, T::kAlignment,
-      typename T::Element, typename T::LayoutB, cutlass::ComplexTransform::kNone, T::kAlignment,
-      typename T::Element, typename T::LayoutC,
-      typename T::ElementAccumulator,
-      cutlass::arch::OpClassTensorOp, cutlass::arch::Sm80,
-      typename T::ThreadblockShape, typename T::WarpShape, typename T::InstructionShape,
-      typename T::EpilogueOp,
-      cutlass::gemm::threadblock::GemmIdentityThreadblockSwizzle<1>,
-      T::kStages,
-      cutlass::gemm::kernel::GroupScheduleMode::kDeviceOnly
-    >::GemmKernel;
-  using Gemm = cutlass::gemm::device::GemmGrouped<Kernel>;
-  using Element = typename T::Element;
+  using Gemm = cutlass::gemm::device::GemmGrouped<typename KernelTypes<kDType, kLayout, kConfig>::GroupedKernel>;
 };
 
 struct GroupedArrays {
@@ -107,38 +93,21 @@ void GroupedGemmInstance<kDType, kLayout, kConfig>::run(const MoeGemmProblem& p,
                                                         size_t workspace_bytes, int sm_count,
                                                         cudaStream_t stream) {
   using K = GroupedGemmKernel<kDType, kLayout, kConfig>;
-  const size_t needed = workspace_size(p.num_experts, sm_count);
-  CUTLASS_MOE_CHECK(workspace_bytes >= needed, Status::kWorkspaceTooSmall,
-                    "workspace: expected at least " << needed << " bytes, got " << workspace_bytes);
-  CUTLASS_MOE_CHECK_ARG(reinterpret_cast<uintptr_t>(workspace) % kWorkspaceAlignment == 0,
-                        "workspace must be " << kWorkspaceAlignment << "-byte aligned");
   WorkspaceCarver carver(workspace);
   GroupedArrays arrays = carve_arrays(carver, p.num_experts);
 
-  auto build = [&](auto const* counts) {
+  with_typed_counts(p, [&](auto const* counts) {
     build_sm80_grouped_arguments<<<1, kExpertRangeThreads, 0, stream>>>(
         arrays, counts, p.num_experts, p.num_tokens, static_cast<int>(p.n), static_cast<int>(p.k),
         static_cast<const char*>(p.x), p.ldx, static_cast<const char*>(p.weights), p.ldw, p.expert_stride,
         static_cast<char*>(p.out), p.ldout, static_cast<int>(sizeof(typename K::Element)));
-  };
-  if (p.count_type == IndexType::kInt32) {
-    build(static_cast<const int32_t*>(p.tokens_per_expert));
-  } else {
-    build(static_cast<const int64_t*>(p.tokens_per_expert));
-  }
+  });
   CUTLASS_MOE_CHECK_CUDA(cudaGetLastError());
 
   const int blocks = blocks_per_sm<K>();
   CUTLASS_MOE_CHECK(blocks > 0, Status::kNotSupported, "sm80 grouped kernel does not fit on this device");
-  auto args = make_arguments<K>(arrays, p.num_experts, sm_count * blocks);
-  typename K::Gemm gemm;
-  cutlass::Status status = gemm.initialize(args, carver.rest(), stream);
-  CUTLASS_MOE_CHECK(status == cutlass::Status::kSuccess, Status::kCutlassError,
-                    "CUTLASS initialize: " << cutlassGetStatusString(status));
-  status = gemm.run(stream);
-  CUTLASS_MOE_CHECK(status == cutlass::Status::kSuccess, Status::kCutlassError,
-                    "CUTLASS run: " << cutlassGetStatusString(status));
-  CUTLASS_MOE_CHECK_CUDA(cudaGetLastError());
+  run_device_gemm<typename K::Gemm>(make_arguments<K>(arrays, p.num_experts, sm_count * blocks), carver.rest(),
+                                    stream);
 }
 
 }  // namespace cutlass_moe::sm80

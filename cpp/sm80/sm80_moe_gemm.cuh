@@ -9,13 +9,11 @@
 // kernel-level Mma and Epilogue of CUTLASS's DefaultGemmGrouped for the same config.
 #pragma once
 
-#include <mutex>
-
 #include <cutlass/device_kernel.h>
-#include <cutlass/gemm/kernel/default_gemm_grouped.h>
 
 #include "check.h"
 #include "kernel_families.h"
+#include "launch.h"
 #include "moe_tile_scheduler.hpp"
 #include "sm80/sm80_common.cuh"
 
@@ -24,18 +22,8 @@ namespace cutlass_moe::sm80 {
 template <DType kDType, WeightLayout kLayout, KernelConfig kConfig>
 struct MoeGemmKernel : KernelTypes<kDType, kLayout, kConfig> {
   using T = KernelTypes<kDType, kLayout, kConfig>;
-  // Only its Mma and Epilogue are used: the tile loop below replaces GemmGrouped's.
-  using GroupedKernel = typename cutlass::gemm::kernel::DefaultGemmGrouped<
-      typename T::Element, typename T::LayoutA, cutlass::ComplexTransform::kNone, T::kAlignment,
-      typename T::Element, typename T::LayoutB, cutlass::ComplexTransform::kNone, T::kAlignment,
-      typename T::Element, typename T::LayoutC,
-      typename T::ElementAccumulator,
-      cutlass::arch::OpClassTensorOp, cutlass::arch::Sm80,
-      typename T::ThreadblockShape, typename T::WarpShape, typename T::InstructionShape,
-      typename T::EpilogueOp,
-      cutlass::gemm::threadblock::GemmIdentityThreadblockSwizzle<1>,
-      T::kStages
-    >::GemmKernel;
+  // Only the Mma and Epilogue of CUTLASS's grouped kernel are used: the tile loop below replaces its.
+  using GroupedKernel = typename T::GroupedKernel;
   using Mma      = typename GroupedKernel::Mma;
   using Epilogue = typename GroupedKernel::Epilogue;
   using Element  = typename T::Element;
@@ -117,21 +105,7 @@ void MoeGemmInstance<kDType, kLayout, kConfig>::run(const MoeGemmProblem& p, voi
 
   int device = 0;
   CUTLASS_MOE_CHECK_CUDA(cudaGetDevice(&device));
-  static std::once_flag setup_flags[64];
-  static int blocks_per_sm[64];
-  cudaError_t setup_status = cudaSuccess;
-  std::call_once(setup_flags[device % 64], [&] {
-    if (kSmemBytes >= 48 * 1024) {
-      setup_status = cudaFuncSetAttribute(cutlass::Kernel<K>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
-    }
-    if (setup_status == cudaSuccess) {
-      setup_status = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm[device % 64], cutlass::Kernel<K>,
-                                                                   K::kThreads, kSmemBytes);
-    }
-  });
-  CUTLASS_MOE_CHECK_CUDA(setup_status);
-  CUTLASS_MOE_CHECK(blocks_per_sm[device % 64] > 0, Status::kNotSupported,
-                    "sm80 MoE kernel does not fit on device " << device);
+  const int blocks_per_sm = persistent_blocks_per_sm(cutlass::Kernel<K>, K::kThreads, kSmemBytes, device);
 
   const int t = static_cast<int>(p.num_tokens), n = static_cast<int>(p.n);
   const int e = static_cast<int>(p.num_experts);
@@ -147,10 +121,7 @@ void MoeGemmInstance<kDType, kLayout, kConfig>::run(const MoeGemmProblem& p, voi
       static_cast<Element*>(p.out), p.ldout,
       n, static_cast<int>(p.k)};
 
-  // Each expert adds at most one partial row tile, so this bounds the tile count from above.
-  const int64_t max_tiles = ((int64_t(t) + K::kTileM - 1) / K::kTileM + e) * tiles_n;
-  const int64_t slots = int64_t(sm_count) * blocks_per_sm[device % 64];
-  const int grid = static_cast<int>(max_tiles < slots ? max_tiles : slots);
+  const int grid = persistent_grid(int64_t(sm_count) * blocks_per_sm, t, e, tiles_n, K::kTileM);
   cutlass::Kernel<K><<<grid, K::kThreads, kSmemBytes, stream>>>(params);
   CUTLASS_MOE_CHECK_CUDA(cudaGetLastError());
 }

@@ -1,4 +1,4 @@
-// Pieces both sm90 families share: element and layout mapping, strides.
+// Pieces both sm90 families share: configs, strides.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -7,18 +7,10 @@
 #include <cutlass/numeric_types.h>
 
 #include "cutlass_moe/cutlass_moe.h"
+#include "cutlass_types.cuh"
 #include "sm90/sm90_configs.cuh"
 
 namespace cutlass_moe::sm90 {
-
-template <DType kDType> struct ElementOf;
-template <> struct ElementOf<DType::kFloat16>  { using type = cutlass::half_t; };
-template <> struct ElementOf<DType::kBFloat16> { using type = cutlass::bfloat16_t; };
-
-// WeightLayout -> CUTLASS layout tag of B, which is logically K x N.
-template <WeightLayout kLayout> struct LayoutBOf;
-template <> struct LayoutBOf<WeightLayout::kKN> { using type = cutlass::layout::RowMajor; };     // N contiguous
-template <> struct LayoutBOf<WeightLayout::kNK> { using type = cutlass::layout::ColumnMajor; };  // K contiguous
 
 // A rank-2 or rank-3 CuTe stride whose one dynamic mode among the first two is the leading
 // dimension `ld` (the other is the static unit stride) and whose third mode, if dynamic, is `batch`.

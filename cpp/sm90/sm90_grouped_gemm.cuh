@@ -22,6 +22,7 @@
 #include "sm90/sm90_common.cuh"
 #include "expert_ranges.cuh"
 #include "kernel_families.h"
+#include "launch.h"
 #include "workspace.h"
 
 namespace cutlass_moe::sm90 {
@@ -146,42 +147,22 @@ void GroupedGemmInstance<kDType, kLayout, kConfig>::run(const MoeGemmProblem& p,
                                                         cudaStream_t stream) {
   using K = GroupedGemmKernel<kDType, kLayout, kConfig>;
   using Element = typename K::Element;
-  size_t needed = workspace_size(p.num_experts, sm_count);
-  CUTLASS_MOE_CHECK(workspace_bytes >= needed, Status::kWorkspaceTooSmall,
-                    "workspace: expected at least " << needed << " bytes, got " << workspace_bytes);
-  CUTLASS_MOE_CHECK_ARG(reinterpret_cast<uintptr_t>(workspace) % kWorkspaceAlignment == 0,
-                        "workspace must be " << kWorkspaceAlignment << "-byte aligned");
 
   WorkspaceCarver carver(workspace);
   GroupedArrays<K> arrays = carve_arrays<K>(carver, p.num_experts);
 
-  auto build = [&](auto const* counts) {
+  with_typed_counts(p, [&](auto const* counts) {
     build_grouped_arguments<K><<<1, kExpertRangeThreads, 0, stream>>>(
         arrays, counts, p.num_experts, p.num_tokens, static_cast<int>(p.n), static_cast<int>(p.k),
         static_cast<const Element*>(p.x), p.ldx, static_cast<const Element*>(p.weights), p.ldw,
         p.expert_stride, static_cast<Element*>(p.out), p.ldout);
-  };
-  if (p.count_type == IndexType::kInt32) {
-    build(static_cast<const int32_t*>(p.tokens_per_expert));
-  } else {
-    build(static_cast<const int64_t*>(p.tokens_per_expert));
-  }
+  });
   CUTLASS_MOE_CHECK_CUDA(cudaGetLastError());
 
   int device = 0;
   CUTLASS_MOE_CHECK_CUDA(cudaGetDevice(&device));
-  auto args = make_arguments<K>(arrays, p.num_experts, device, sm_count);
-  typename K::Gemm gemm;
-  cutlass::Status status = gemm.can_implement(args);
-  CUTLASS_MOE_CHECK(status == cutlass::Status::kSuccess, Status::kCutlassError,
-                    "CUTLASS can_implement: " << cutlassGetStatusString(status));
-  status = gemm.initialize(args, carver.rest(), stream);
-  CUTLASS_MOE_CHECK(status == cutlass::Status::kSuccess, Status::kCutlassError,
-                    "CUTLASS initialize: " << cutlassGetStatusString(status));
-  status = gemm.run(stream);
-  CUTLASS_MOE_CHECK(status == cutlass::Status::kSuccess, Status::kCutlassError,
-                    "CUTLASS run: " << cutlassGetStatusString(status));
-  CUTLASS_MOE_CHECK_CUDA(cudaGetLastError());
+  run_device_gemm<typename K::Gemm>(make_arguments<K>(arrays, p.num_experts, device, sm_count), carver.rest(),
+                                    stream);
 }
 
 }  // namespace cutlass_moe::sm90

@@ -33,6 +33,7 @@
 #include "check.h"
 #include "sm90/sm90_common.cuh"
 #include "kernel_families.h"
+#include "launch.h"
 #include "moe_tile_scheduler.hpp"
 
 namespace cutlass_moe::sm90 {
@@ -348,17 +349,8 @@ void MoeGemmInstance<kDType, kLayout, kConfig>::run(const MoeGemmProblem& p, voi
   params.k = k;
   params.num_experts = e;
 
-  // Each expert adds at most one partial row tile, so this bounds the tile count from above.
-  const int64_t max_tiles = ((int64_t(t) + K::kTileM - 1) / K::kTileM + e) * tiles_n;
-  const int grid = static_cast<int>(max_tiles < sm_count ? max_tiles : sm_count);
-
-  static std::once_flag smem_flags[64];
-  cudaError_t attr_status = cudaSuccess;
-  std::call_once(smem_flags[device % 64], [&] {
-    attr_status = cudaFuncSetAttribute(moe_gemm_kernel<K>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       K::kSmemBytes);
-  });
-  CUTLASS_MOE_CHECK_CUDA(attr_status);
+  persistent_blocks_per_sm(moe_gemm_kernel<K>, K::kThreads, K::kSmemBytes, device);  // 1: all of shared memory
+  const int grid = persistent_grid(sm_count, t, e, tiles_n, K::kTileM);
   moe_gemm_kernel<K><<<grid, K::kThreads, K::kSmemBytes, stream>>>(params);
   CUTLASS_MOE_CHECK_CUDA(cudaGetLastError());
 }

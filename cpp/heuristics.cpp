@@ -16,10 +16,15 @@ Backend select_backend(const MoeGemmProblem& problem, int device) {
       major == 8) {
     return select_sm80_backend(problem);
   }
-  // Measured on H200s over the public cases, two runs of two samples each (benchmarks/NOTES.md):
-  // the MoE kernel was faster on 9 of 14 cases in both runs (by 2-14%: every seed000 case,
-  // qwen3-30b-decode, mixtral-decode, mixtral-prefill) and within -6%..+9% on the other five, with
-  // no case slower in both runs. It also costs less host time per call (no workspace, one launch).
+  // Measured on H200s over the public cases (benchmarks/NOTES.md): the MoE kernel is faster on
+  // most cases (by 2-14%: every seed000 case, qwen3-30b-decode, mixtral-decode, mixtral-prefill)
+  // and costs less host time per call (no workspace, one launch). The one regime where the grouped
+  // family was ahead in three of four runs (by 2-8%) is deep K with a few hundred rows per expert
+  // over many experts (dsv3-prefill: K = 7168, T/E = 128, E = 256).
+  const int64_t rows_per_expert = problem.num_tokens / (problem.num_experts > 0 ? problem.num_experts : 1);
+  if (problem.k >= 6144 && rows_per_expert > 64 && rows_per_expert <= 512 && problem.num_experts >= 64) {
+    return Backend::kGrouped;
+  }
   return Backend::kMoe;
 }
 

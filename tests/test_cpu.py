@@ -135,6 +135,10 @@ def test_heuristic_picks_small_m_tiles_unless_experts_have_thousands_of_rows(t, 
 def test_moe_backend_config_and_auto_backend_resolve():
     assert cutlass_moe.select_config(1024, 256, 4096, 7168, backend="moe") == ("moe", "sm90_pingpong_64x256x64_1x1x1")
     assert cutlass_moe.select_config(1024, 256, 4096, 7168, device=-1) == ("moe", "sm90_pingpong_64x256x64_1x1x1")
+    # The measured exception: deep K, a few hundred rows per expert, many experts (dsv3-prefill).
+    assert cutlass_moe.select_config(32768, 256, 4096, 7168, device=-1) == ("grouped", "sm90_pingpong_64x256x64_1x1x1")
+    for t, e, n, k in [(8192, 8, 28672, 4096), (16384, 128, 5760, 2880), (4096, 16, 16384, 5120)]:
+        assert cutlass_moe.select_config(t, e, n, k, device=-1)[0] == "moe"
     for family in ("sm80_moe", "sm80_grouped"):
         assert cutlass_moe.select_config(1024, 256, 4096, 7168, backend=family) == (family, "sm80_64x128x32_32x64_s4")
         assert cutlass_moe.select_config(32768, 256, 4096, 7168, backend=family) == (family, "sm80_128x128x32_64x64_s4")

@@ -1,6 +1,7 @@
-// Picks a kernel configuration from what the host knows without reading the counts: the average
-// rows per expert (T / E), N and K.
+// Picks a kernel family and configuration from what the host knows without reading the counts:
+// the device's architecture, the average rows per expert (T / E), N and K.
 #include "cutlass_moe/cutlass_moe.h"
+#include "device_info.h"
 
 namespace cutlass_moe {
 namespace {
@@ -11,9 +12,7 @@ Backend select_sm80_backend(const MoeGemmProblem&) { return Backend::kSm80Moe; }
 }  // namespace
 
 Backend select_backend(const MoeGemmProblem& problem, int device) {
-  int major = 0;
-  if (device >= 0 && cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
-      major == 8) {
+  if (device >= 0 && device_info(device).cc / 10 == 8) {
     return select_sm80_backend(problem);
   }
   // Measured on H200s over the public cases (benchmarks/NOTES.md): the MoE kernel is faster on

@@ -1,14 +1,14 @@
-// Host-side entry points: argument checks, config resolution and dispatch to the kernel instances
-// this build holds. No CUTLASS here; the instance table comes from the generated
-// sm90_grouped_instances.inc (one line per instance, see CMakeLists.txt).
+// Host-side entry points: argument checks, family and config resolution, and dispatch to the
+// kernel instances this build holds. No CUTLASS here; the instance table comes from the generated
+// <arch>_<family>_instances.inc files (one line per instance, see CMakeLists.txt).
 #include <algorithm>
 #include <array>
-#include <atomic>
 #include <iterator>
 #include <sstream>
 
 #include "check.h"
 #include "cutlass_moe/cutlass_moe.h"
+#include "device_info.h"
 #include "kernel_families.h"
 #include "workspace.h"
 #include "zero_rows.h"
@@ -70,29 +70,6 @@ bool runs_on(Backend backend, int cc) {
 
 const char* dtype_name(DType dtype) { return dtype == DType::kFloat16 ? "fp16" : "bf16"; }
 const char* layout_name(WeightLayout layout) { return layout == WeightLayout::kKN ? "kn" : "nk"; }
-
-constexpr int kMaxDevices = 64;
-
-struct DeviceInfo {
-  int sm_count;
-  int cc;  // 10 * major + minor
-};
-
-// Queried once per device: the attribute calls cost microseconds that a decode step cannot spare.
-DeviceInfo device_info(int device) {
-  static std::array<std::atomic<int>, kMaxDevices> sm_counts{};
-  static std::array<std::atomic<int>, kMaxDevices> ccs{};
-  CUTLASS_MOE_CHECK_ARG(device >= 0 && device < kMaxDevices, "device " << device << " out of range");
-  if (sm_counts[device].load() == 0) {
-    int sms = 0, major = 0, minor = 0;
-    CUTLASS_MOE_CHECK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    CUTLASS_MOE_CHECK_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-    CUTLASS_MOE_CHECK_CUDA(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-    ccs[device].store(10 * major + minor);
-    sm_counts[device].store(sms);
-  }
-  return {sm_counts[device].load(), ccs[device].load()};
-}
 
 bool is_empty(const MoeGemmProblem& p) {
   return p.num_tokens == 0 || p.num_experts == 0 || p.n == 0;

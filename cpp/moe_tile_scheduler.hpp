@@ -26,11 +26,14 @@ struct MoeTile {
   int m_tile;     // tile row inside the expert
   int n_tile;
   int row_start;  // first row of x / out the expert owns
-  int rows;       // rows the expert owns (> m_tile * kTileM)
+  int rows;       // rows the expert owns; a cluster's spare CTA can get m_tile * kTileM >= rows
   bool valid;
 };
 
-template <int kTileM>
+// kClusterM > 1: tiles come in column-aligned groups of kClusterM row tiles of one expert, one
+// group per cluster (CTA rank r takes row tile group * kClusterM + r), so the CTAs of a cluster
+// share the weight tile (TMA multicast). Indices then count groups, not tiles.
+template <int kTileM, int kClusterM = 1>
 class MoeTileScheduler {
  public:
   struct Params {
@@ -46,8 +49,9 @@ class MoeTileScheduler {
     load_window(0, 0, 0);
   }
 
-  // The tile with linear index `index`; indices passed in must not decrease.
-  CUTLASS_DEVICE MoeTile tile(int64_t index) {
+  // The tile with linear index `index` (for CTA `rank` of its cluster); indices passed in must not
+  // decrease.
+  CUTLASS_DEVICE MoeTile tile(int64_t index, int rank = 0) {
     while (true) {
       const int64_t window_tiles = __shfl_sync(0xffffffff, tiles_incl_, 31);
       if (index < window_first_tile_ + window_tiles) break;
@@ -61,12 +65,12 @@ class MoeTileScheduler {
     const int64_t tiles_incl = __shfl_sync(0xffffffff, tiles_incl_, lane);
     const int row_start = __shfl_sync(0xffffffff, row_start_, lane);
     const int rows = __shfl_sync(0xffffffff, rows_, lane);
-    const int m_tiles = (rows + kTileM - 1) / kTileM;
-    const int64_t in_expert = local - (tiles_incl - int64_t(m_tiles) * params_.tiles_n);
+    const int m_groups = group_count(rows);
+    const int64_t in_expert = local - (tiles_incl - int64_t(m_groups) * params_.tiles_n);
     MoeTile t;
     t.expert = window_base_ + lane;
-    t.m_tile = static_cast<int>(in_expert % m_tiles);
-    t.n_tile = static_cast<int>(in_expert / m_tiles);
+    t.m_tile = static_cast<int>(in_expert % m_groups) * kClusterM + rank;
+    t.n_tile = static_cast<int>(in_expert / m_groups);
     t.row_start = row_start;
     t.rows = rows;
     t.valid = true;
@@ -103,8 +107,13 @@ class MoeTileScheduler {
     const int64_t rows = count < tokens - start ? count : tokens - start;
     row_start_ = static_cast<int>(start);
     rows_ = static_cast<int>(rows);
-    const int64_t tiles = (rows + kTileM - 1) / kTileM * params_.tiles_n;
+    const int64_t tiles = int64_t(group_count(static_cast<int>(rows))) * params_.tiles_n;
     tiles_incl_ = warp_inclusive_sum(tiles, lane_);
+  }
+
+  // Groups of kClusterM row tiles that cover `rows`.
+  CUTLASS_DEVICE static int group_count(int rows) {
+    return (rows + kTileM * kClusterM - 1) / (kTileM * kClusterM);
   }
 
   Params params_;
@@ -117,11 +126,15 @@ class MoeTileScheduler {
   int64_t tiles_incl_ = 0;  // tiles of the window's experts up to and including this lane's
 };
 
-// Grid of a persistent MoE kernel: `slots` CTAs (SMs x CTAs per SM), or fewer when there are
-// fewer tiles. Each expert adds at most one partial row tile, which bounds the tile count above.
-inline int persistent_grid(int64_t slots, int64_t num_tokens, int64_t num_experts, int64_t tiles_n, int tile_m) {
-  const int64_t max_tiles = ((num_tokens + tile_m - 1) / tile_m + num_experts) * tiles_n;
-  return static_cast<int>(max_tiles < slots ? max_tiles : slots);
+// CTAs of a persistent MoE kernel: `slots` CTAs (SMs x CTAs per SM), or fewer when there are
+// fewer tile groups, in whole clusters of cluster_m. Each expert adds at most one partial group,
+// which bounds the group count above.
+inline int persistent_grid(int64_t slots, int64_t num_tokens, int64_t num_experts, int64_t tiles_n, int tile_m,
+                           int cluster_m = 1) {
+  const int64_t group_rows = int64_t(tile_m) * cluster_m;
+  const int64_t max_groups = ((num_tokens + group_rows - 1) / group_rows + num_experts) * tiles_n;
+  const int64_t clusters = max_groups < slots / cluster_m ? max_groups : slots / cluster_m;
+  return static_cast<int>(clusters * cluster_m);
 }
 
 }  // namespace cutlass_moe

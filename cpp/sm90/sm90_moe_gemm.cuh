@@ -41,7 +41,10 @@ namespace cutlass_moe::sm90 {
 template <DType kDType, WeightLayout kLayout, KernelConfig kConfig>
 struct MoeGemmKernel {
   using Config = ConfigTraits<kConfig>;
-  static_assert(cute::size(typename Config::ClusterShape{}) == 1, "the MoE family runs without clusters");
+  // Clusters along M only: the CTAs of a cluster take row tiles of one expert and one weight tile,
+  // which TMA multicasts to all of them (each CTA issues its share of the copy).
+  static_assert(cute::size<1>(typename Config::ClusterShape{}) == 1, "MoE clusters run along M only");
+  static constexpr int kClusterM = cute::size<0>(typename Config::ClusterShape{});
   static constexpr bool kPingpong = Config::kPingpong;
 
   using Element            = typename ElementOf<kDType>::type;
@@ -86,7 +89,7 @@ struct MoeGemmKernel {
   using TiledMma      = typename Mainloop::TiledMma;
   using Pipeline      = typename Mainloop::MainloopPipeline;
   using PipelineState = typename Mainloop::PipelineState;
-  using Scheduler     = MoeTileScheduler<kTileM>;
+  using Scheduler     = MoeTileScheduler<kTileM, kClusterM>;
 
   struct SharedStorage {
     typename Mainloop::TensorStorage tensors;
@@ -197,12 +200,21 @@ moe_gemm_kernel(CUTLASS_GRID_CONSTANT typename K::Params const params) {
   order_params.group_size = cutlass::NumThreadsPerWarpGroup;
   typename K::MathOrderBarrier math_order(storage.math_order, order_params);
 
-  __syncthreads();  // barrier initialization is visible to every warp
+  // Barrier initialization is visible to every warp (of every CTA of the cluster).
+  if constexpr (K::kClusterM > 1) {
+    cute::cluster_arrive_relaxed();
+    cute::cluster_wait();
+  } else {
+    __syncthreads();
+  }
 
   typename K::Scheduler scheduler(params.scheduler);
   Mainloop mainloop;
   const int k_tiles = (params.k + K::kTileK - 1) / K::kTileK;
-  const int64_t grid = gridDim.x;
+  // Work is handed out per cluster: cluster c takes groups c, c + clusters, ...
+  const int rank = K::kClusterM > 1 ? static_cast<int>(cute::block_rank_in_cluster()) : 0;
+  const int64_t first = blockIdx.x / K::kClusterM;
+  const int64_t grid = gridDim.x / K::kClusterM;
 
   if (warp_group == 0) {
     cutlass::arch::warpgroup_reg_dealloc<K::kProducerRegs>();
@@ -211,8 +223,8 @@ moe_gemm_kernel(CUTLASS_GRID_CONSTANT typename K::Params const params) {
     Tensor mA = params.mainloop.tma_load_a.get_tma_tensor(make_shape(params.num_tokens, params.k, 1));
     Tensor mB = params.mainloop.tma_load_b.get_tma_tensor(make_shape(params.n, params.k, params.num_experts));
     auto write_state = cutlass::make_producer_start_state<Pipeline>();
-    for (int64_t index = blockIdx.x;; index += grid) {
-      MoeTile tile = scheduler.tile(index);
+    for (int64_t index = first;; index += grid) {
+      MoeTile tile = scheduler.tile(index, rank);
       if (!tile.valid) break;
       // Shift x's rows to the expert's first row and the weights' batch mode to the expert; the
       // collective then indexes tile (m_tile, n_tile) of batch 0 as usual.
@@ -222,7 +234,7 @@ moe_gemm_kernel(CUTLASS_GRID_CONSTANT typename K::Params const params) {
                              make_coord(_, _, _), Step<X, _1, _1>{});  // (BLK_N, BLK_K, n, k, l)
       mainloop.load(params.mainloop, pipeline, write_state, cute::make_tuple(gA, gB),
                     make_coord(tile.m_tile, tile.n_tile, _, 0), cute::make_coord_iterator(k_tiles), k_tiles,
-                    threadIdx.x % 32, /*block_rank_in_cluster=*/0, storage.tensors);
+                    threadIdx.x % 32, rank, storage.tensors);
       write_state.advance(k_tiles);
     }
     mainloop.load_tail(pipeline, write_state);
@@ -233,8 +245,8 @@ moe_gemm_kernel(CUTLASS_GRID_CONSTANT typename K::Params const params) {
     typename K::PipelineState read_state;
     if constexpr (K::kPingpong) {
       if (consumer == 1) read_state.advance(k_tiles);  // consumer 0 takes the first tile's stages
-      for (int64_t index = blockIdx.x + consumer * grid;; index += K::kConsumers * grid) {
-        MoeTile tile = scheduler.tile(index);
+      for (int64_t index = first + consumer * grid;; index += K::kConsumers * grid) {
+        MoeTile tile = scheduler.tile(index, rank);
         if (!tile.valid) break;
         Tensor accum = partition_fragment_C(tiled_mma, take<0, 2>(typename K::TileShape{}));
         math_order.wait();
@@ -247,8 +259,8 @@ moe_gemm_kernel(CUTLASS_GRID_CONSTANT typename K::Params const params) {
       }
     } else {
       const int mma_thread = threadIdx.x - cutlass::NumThreadsPerWarpGroup;  // both consumers: 0..255
-      for (int64_t index = blockIdx.x;; index += grid) {
-        MoeTile tile = scheduler.tile(index);
+      for (int64_t index = first;; index += grid) {
+        MoeTile tile = scheduler.tile(index, rank);
         if (!tile.valid) break;
         Tensor accum = partition_fragment_C(tiled_mma, take<0, 2>(typename K::TileShape{}));
         mainloop.mma(pipeline, read_state, accum, k_tiles, mma_thread, storage.tensors, params.mainloop);
@@ -350,8 +362,32 @@ void MoeGemmInstance<kDType, kLayout, kConfig>::run(const MoeGemmProblem& p, voi
   params.num_experts = e;
 
   persistent_blocks_per_sm(moe_gemm_kernel<K>, K::kThreads, K::kSmemBytes, device);  // 1: all of shared memory
-  const int grid = persistent_grid(sm_count, t, e, tiles_n, K::kTileM);
-  moe_gemm_kernel<K><<<grid, K::kThreads, K::kSmemBytes, stream>>>(params);
+  cudaLaunchConfig_t config{};
+  cudaLaunchAttribute cluster{};
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = K::kClusterM;
+  cluster.val.clusterDim.y = 1;
+  cluster.val.clusterDim.z = 1;
+  config.blockDim = dim3(K::kThreads);
+  config.dynamicSmemBytes = K::kSmemBytes;
+  config.stream = stream;
+  config.attrs = &cluster;
+  config.numAttrs = 1;
+  // Persistent grid: as many CTAs as can be resident at once, in whole clusters.
+  static int max_ctas[64];
+  static std::once_flag max_ctas_flags[64];
+  cudaError_t occupancy_status = cudaSuccess;
+  std::call_once(max_ctas_flags[device % 64], [&] {
+    config.gridDim = dim3(sm_count / K::kClusterM * K::kClusterM);
+    int clusters = 0;
+    occupancy_status = cudaOccupancyMaxActiveClusters(&clusters, moe_gemm_kernel<K>, &config);
+    max_ctas[device % 64] = clusters * K::kClusterM;
+  });
+  CUTLASS_MOE_CHECK_CUDA(occupancy_status);
+  CUTLASS_MOE_CHECK(max_ctas[device % 64] > 0, Status::kNotSupported,
+                    "no cluster of " << K::kClusterM << " CTAs fits on device " << device);
+  config.gridDim = dim3(persistent_grid(max_ctas[device % 64], t, e, tiles_n, K::kTileM, K::kClusterM));
+  CUTLASS_MOE_CHECK_CUDA(cudaLaunchKernelEx(&config, moe_gemm_kernel<K>, params));
   CUTLASS_MOE_CHECK_CUDA(cudaGetLastError());
 }
 

@@ -20,6 +20,7 @@
 //   - cooperative: both work on every tile, each on half of its rows.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <mutex>
 
@@ -372,20 +373,21 @@ void MoeGemmInstance<kDType, kLayout, kConfig>::run(const MoeGemmProblem& p, voi
   config.dynamicSmemBytes = K::kSmemBytes;
   config.stream = stream;
   config.attrs = &cluster;
-  config.numAttrs = 1;
-  // Persistent grid: as many CTAs as can be resident at once, in whole clusters.
+  config.numAttrs = K::kClusterM > 1 ? 1 : 0;  // no cluster launch without a cluster
+  // Persistent grid: one CTA per SM (all of shared memory); with clusters, as many whole clusters
+  // as can be resident at once.
   static int max_ctas[64];
   static std::once_flag max_ctas_flags[64];
   cudaError_t occupancy_status = cudaSuccess;
   std::call_once(max_ctas_flags[device % 64], [&] {
-    config.gridDim = dim3(sm_count / K::kClusterM * K::kClusterM);
-    int clusters = 0;
-    occupancy_status = cudaOccupancyMaxActiveClusters(&clusters, moe_gemm_kernel<K>, &config);
-    max_ctas[device % 64] = clusters * K::kClusterM;
+    max_ctas[device % 64] = sm_count;
+    if constexpr (K::kClusterM > 1) {
+      config.gridDim = dim3(sm_count / K::kClusterM * K::kClusterM);
+      int clusters = 0;
+      occupancy_status = cudaOccupancyMaxActiveClusters(&clusters, moe_gemm_kernel<K>, &config);
+      max_ctas[device % 64] = std::min(clusters * K::kClusterM, sm_count / K::kClusterM * K::kClusterM);
+    }
   });
-  CUTLASS_MOE_CHECK_CUDA(occupancy_status);
-  CUTLASS_MOE_CHECK(max_ctas[device % 64] > 0, Status::kNotSupported,
-                    "no cluster of " << K::kClusterM << " CTAs fits on device " << device);
   config.gridDim = dim3(persistent_grid(max_ctas[device % 64], t, e, tiles_n, K::kTileM, K::kClusterM));
   CUTLASS_MOE_CHECK_CUDA(cudaLaunchKernelEx(&config, moe_gemm_kernel<K>, params));
   CUTLASS_MOE_CHECK_CUDA(cudaGetLastError());

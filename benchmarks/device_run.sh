@@ -19,7 +19,7 @@ if ! python3 -m pip install --no-index --no-deps --no-build-isolation -v -C buil
     ${BUILD_DEFINES:-} . >"$OUT/build.log" 2>&1; then
   tail -60 "$OUT/build.log"; exit 1
 fi
-echo "build: $(( $(date +%s) - start )) s; ptxas warnings: $(grep -c 'ptxas warning' "$OUT/build.log")"
+echo "build: $(( $(date +%s) - start )) s; ptxas warnings: $(grep -c 'ptxas warning' "$OUT/build.log"); C7510: $(grep -c C7510 "$OUT/build.log")"
 cd /tmp  # import the installed package, not the source tree
 src=$OLDPWD
 if [ -z "${SKIP_TESTS:-}" ]; then

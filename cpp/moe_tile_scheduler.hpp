@@ -52,7 +52,6 @@ class MoeTileScheduler {
     int num_experts;
     int num_tokens;
     int tiles_n;
-    bool n_fastest = false;  // inside an expert, n runs fastest (else m)
   };
 
   CUTLASS_DEVICE explicit MoeTileScheduler(Params const& params)
@@ -80,9 +79,8 @@ class MoeTileScheduler {
     const int64_t in_expert = local - (tiles_incl - int64_t(m_groups) * params_.tiles_n);
     MoeTile t;
     t.expert = window_base_ + lane;
-    const int64_t m_group = params_.n_fastest ? in_expert / params_.tiles_n : in_expert % m_groups;
-    t.m_tile = static_cast<int>(m_group) * kClusterM + rank;
-    t.n_tile = static_cast<int>(params_.n_fastest ? in_expert % params_.tiles_n : in_expert / m_groups);
+    t.m_tile = static_cast<int>(in_expert % m_groups) * kClusterM + rank;
+    t.n_tile = static_cast<int>(in_expert / m_groups);
     t.row_start = row_start;
     t.rows = rows;
     t.valid = true;
@@ -147,10 +145,11 @@ struct TileCounter {
   uint32_t done;
 };
 
-// Draws a tile index into lane 0's register; the warp waits for it only where it reads the value
-// (broadcast with __shfl_sync from lane 0).
-CUTLASS_DEVICE uint32_t draw_tile_async(TileCounter* counter) {
-  return threadIdx.x % 32 == 0 ? atomicAdd(&counter->next, 1u) : 0u;
+// Called by a whole warp; every lane gets the drawn index.
+CUTLASS_DEVICE int64_t draw_tile(TileCounter* counter) {
+  uint32_t index = 0;
+  if (threadIdx.x % 32 == 0) index = atomicAdd(&counter->next, 1u);
+  return __shfl_sync(0xffffffff, index, 0);
 }
 
 // Called once per CTA, by one thread, after the CTA drew its past-the-end index.

@@ -254,11 +254,9 @@ moe_gemm_kernel(CUTLASS_GRID_CONSTANT typename K::Params const params) {
       __syncwarp();
       ++ticket_state;
     };
-    // The next tile's index is drawn one tile ahead, so the atomic's latency hides behind a tile.
-    uint32_t drawn = dynamic ? draw_tile_async(params.tile_counter) : 0;
     for (int64_t index = first;; index += grid) {
       if (dynamic) {
-        index = __shfl_sync(0xffffffff, drawn, 0);
+        index = draw_tile(params.tile_counter);
         publish(index);
       }
       MoeTile tile = scheduler.tile(index, rank);
@@ -270,7 +268,6 @@ moe_gemm_kernel(CUTLASS_GRID_CONSTANT typename K::Params const params) {
         }
         break;
       }
-      if (dynamic) drawn = draw_tile_async(params.tile_counter);
       // Shift x's rows to the expert's first row and the weights' batch mode to the expert; the
       // collective then indexes tile (m_tile, n_tile) of batch 0 as usual.
       Tensor gA = local_tile(domain_offset(make_coord(tile.row_start, 0, 0), mA), typename K::TileShape{},
@@ -432,8 +429,7 @@ void MoeGemmInstance<kDType, kLayout, kConfig>::run(const MoeGemmProblem& p, voi
   params.mainloop.tma_transaction_bytes_nk = Mainloop::TmaTransactionBytesNK;
 
   const int tiles_n = (n + K::kTileN - 1) / K::kTileN;
-  static const bool n_fastest = std::getenv("CUTLASS_MOE_N_FASTEST") != nullptr;  // measurement switch
-  params.scheduler = {p.tokens_per_expert, p.count_type == IndexType::kInt64, e, t, tiles_n, n_fastest};
+  params.scheduler = {p.tokens_per_expert, p.count_type == IndexType::kInt64, e, t, tiles_n};
   // CUTLASS_MOE_STATIC_ORDER: measurement switch while the two orders are compared.
   static const bool static_order = std::getenv("CUTLASS_MOE_STATIC_ORDER") != nullptr;
   params.tile_counter = K::kDynamicOrder && !static_order ? tile_counter(device, stream) : nullptr;

@@ -13,19 +13,9 @@
 //
 // Counts are clamped exactly as cutlass_moe.h says (to [0, T], running start capped at T), so no
 // count vector can place a tile outside x or out.
-//
-// Tile order in time: with a TileCounter, CTAs draw tile indices from one counter in global memory
-// as they become free (dynamic order), so consecutive tiles start at nearly the same time however
-// far CTAs have drifted apart; the row tiles that share a weight tile, and the tiles that share an
-// x tile, then hit in L2. Without it, CTA c takes c, c + G, ... (static order).
 #pragma once
 
 #include <cstdint>
-#include <mutex>
-#include <thread>
-#include <unordered_map>
-
-#include <cuda_runtime_api.h>
 
 #include <cutlass/cutlass.h>
 
@@ -135,51 +125,6 @@ class MoeTileScheduler {
   int rows_ = 0;
   int64_t tiles_incl_ = 0;  // tiles of the window's experts up to and including this lane's
 };
-
-// Dynamic tile order. `next` hands out tile indices; `done` counts the CTAs that have drawn their
-// last (past-the-end) index. The last CTA to finish resets both, so the counter is zero before and
-// after every launch and needs no setup (and no extra launch) per call. Two launches running at
-// once must not share a counter: each stream gets its own (stream_counter_slot).
-struct TileCounter {
-  uint32_t next;
-  uint32_t done;
-};
-
-// Called by a whole warp; every lane gets the drawn index.
-CUTLASS_DEVICE int64_t draw_tile(TileCounter* counter) {
-  uint32_t index = 0;
-  if (threadIdx.x % 32 == 0) index = atomicAdd(&counter->next, 1u);
-  return __shfl_sync(0xffffffff, index, 0);
-}
-
-// Called once per CTA, by one thread, after the CTA drew its past-the-end index.
-CUTLASS_DEVICE void retire_cta(TileCounter* counter) {
-  __threadfence();  // this CTA's draws come before its `done` increment
-  if (atomicAdd(&counter->done, 1u) == gridDim.x * gridDim.y * gridDim.z - 1) {
-    atomicExch(&counter->next, 0u);
-    atomicExch(&counter->done, 0u);
-  }
-}
-
-// Slot of `stream` in a kernel's table of kSlots counters: streams get slots round robin as they
-// are first seen, so up to kSlots streams can run the kernel at once without sharing one.
-// cudaStreamPerThread is a different stream in each thread, so there the thread is part of the key.
-template <int kSlots>
-int stream_counter_slot(cudaStream_t stream) {
-  static std::mutex mutex;
-  static std::unordered_map<size_t, int> slots;
-  static int next = 0;
-  size_t key = reinterpret_cast<size_t>(stream);
-  if (stream == cudaStreamPerThread) key ^= std::hash<std::thread::id>{}(std::this_thread::get_id()) << 1;
-  std::lock_guard<std::mutex> lock(mutex);
-  auto it = slots.find(key);
-  if (it != slots.end()) return it->second;
-  if (slots.size() >= 4 * kSlots) slots.clear();  // bounded: streams come and go
-  const int slot = next;
-  next = (next + 1) % kSlots;
-  slots.emplace(key, slot);
-  return slot;
-}
 
 // CTAs of a persistent MoE kernel: `slots` CTAs (SMs x CTAs per SM), or fewer when there are
 // fewer tile groups, in whole clusters of cluster_m. Each expert adds at most one partial group,

@@ -245,31 +245,6 @@ def test_non_default_stream(backend):
 
 
 @kernels
-def test_concurrent_streams_and_back_to_back_calls(backend, config):
-    # The MoE family draws tiles from a per-stream counter that each launch leaves at zero: calls
-    # in a row on one stream, and calls on several streams at once, must all see every tile once.
-    gen = torch.Generator(device="cuda").manual_seed(5)
-    t, e, k, n = 4096, 16, 512, 768
-    w = torch.randn(e, k, n, device="cuda", dtype=torch.bfloat16, generator=gen)
-    streams = [torch.cuda.Stream() for _ in range(4)]
-    jobs = []
-    for i, stream in enumerate(streams):
-        x = torch.randn(t, k, device="cuda", dtype=torch.bfloat16, generator=gen)
-        counts = random_counts(e, t - i, torch.Generator().manual_seed(i), ["random", "hot", "one", "uniform"][i])
-        outs = [torch.full((t, n), float("nan"), device="cuda", dtype=torch.bfloat16) for _ in range(3)]
-        jobs.append((stream, x, counts.cuda(), outs))
-    torch.cuda.synchronize()
-    for stream, x, counts, outs in jobs:
-        with torch.cuda.stream(stream):
-            for out in outs:
-                moe_gemm(x, w, counts, out=out, backend=backend, config=config)
-    torch.cuda.synchronize()
-    for _, x, counts, outs in jobs:
-        for out in outs:
-            check(out, x, w, counts, False, poison_rows_from=True)
-
-
-@kernels
 def test_cuda_graph_replay_with_new_counts(backend, config):
     gen = torch.Generator(device="cuda").manual_seed(4)
     t, e = 1536, 16

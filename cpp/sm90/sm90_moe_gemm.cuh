@@ -22,7 +22,6 @@
 
 #include <algorithm>
 #include <array>
-#include <cstdlib>
 #include <mutex>
 
 #include <cute/tensor.hpp>
@@ -66,13 +65,6 @@ struct MoeGemmKernel {
   static constexpr int kConsumerRegs    = 232;                                   // CUTLASS's pingpong kernel
 
   using MathOrderBarrier = cutlass::OrderedSequenceBarrier<1, kConsumers>;       // one WGMMA issuer at a time
-  // Dynamic tile order (no clusters): the producer draws each tile index from the global counter
-  // and passes it to the consumers through a ring in shared memory.
-  static constexpr bool kDynamicOrder = kClusterM == 1;
-  static constexpr int kTicketSlots = 8;
-  using TicketPipeline = cutlass::PipelineAsync<kTicketSlots>;
-  static constexpr int kTicketSmemBytes =
-      static_cast<int>(sizeof(typename TicketPipeline::SharedStorage) + kTicketSlots * sizeof(int64_t));
 
   // Epilogue staging per consumer: its kEpiRows x kEpiN part of the tile, rows padded by 16 bytes so
   // that both the fragment writes (8 rows x 4 adjacent words per warp) and the 16-byte row reads are
@@ -91,7 +83,7 @@ struct MoeGemmKernel {
       ElementAccumulator,
       TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<
-          kEpilogueSmemBytes + kTicketSmemBytes + static_cast<int>(sizeof(typename MathOrderBarrier::SharedStorage))>,
+          kEpilogueSmemBytes + static_cast<int>(sizeof(typename MathOrderBarrier::SharedStorage))>,
       typename Config::MoeMainloopSchedule
     >::CollectiveOp;
 
@@ -105,15 +97,12 @@ struct MoeGemmKernel {
     EpilogueTile epilogue[kConsumers];
     alignas(16) typename Mainloop::PipelineStorage pipeline;
     alignas(16) typename MathOrderBarrier::SharedStorage math_order;
-    alignas(16) typename TicketPipeline::SharedStorage ticket_pipeline;
-    int64_t tickets[kTicketSlots];
   };
   static constexpr int kSmemBytes = static_cast<int>(sizeof(SharedStorage));
 
   struct Params {
     typename Mainloop::Params mainloop;  // the two TMA descriptors and transaction sizes
     typename Scheduler::Params scheduler;
-    TileCounter* tile_counter;  // dynamic tile order; null: static order
     Element* out;
     int64_t ldout;
     int num_tokens;
@@ -212,15 +201,6 @@ moe_gemm_kernel(CUTLASS_GRID_CONSTANT typename K::Params const params) {
   order_params.group_size = cutlass::NumThreadsPerWarpGroup;
   typename K::MathOrderBarrier math_order(storage.math_order, order_params);
 
-  typename K::TicketPipeline::Params ticket_params;
-  ticket_params.role = is_producer      ? K::TicketPipeline::ThreadCategory::Producer
-                       : warp_group > 0 ? K::TicketPipeline::ThreadCategory::Consumer
-                                        : K::TicketPipeline::ThreadCategory::NonParticipant;
-  ticket_params.producer_arv_count = 1;
-  ticket_params.consumer_arv_count = pipeline_params.num_consumers;  // one reader group per tile, as the stages
-  typename K::TicketPipeline ticket_pipeline(storage.ticket_pipeline, ticket_params, cute::true_type{});
-  const bool dynamic = K::kDynamicOrder && params.tile_counter != nullptr;
-
   // Barrier initialization is visible to every warp (of every CTA of the cluster).
   if constexpr (K::kClusterM > 1) {
     cute::cluster_arrive_relaxed();
@@ -244,30 +224,9 @@ moe_gemm_kernel(CUTLASS_GRID_CONSTANT typename K::Params const params) {
     Tensor mA = params.mainloop.tma_load_a.get_tma_tensor(make_shape(params.num_tokens, params.k, 1));
     Tensor mB = params.mainloop.tma_load_b.get_tma_tensor(make_shape(params.n, params.k, params.num_experts));
     auto write_state = cutlass::make_producer_start_state<Pipeline>();
-    auto ticket_state = cutlass::make_producer_start_state<typename K::TicketPipeline>();
-    auto publish = [&](int64_t index) {  // hands the tile index to the consumer(s) of the next tile
-      ticket_pipeline.producer_acquire(ticket_state);
-      if (cute::elect_one_sync()) {
-        storage.tickets[ticket_state.index()] = index;
-        ticket_pipeline.producer_commit(ticket_state);
-      }
-      __syncwarp();
-      ++ticket_state;
-    };
     for (int64_t index = first;; index += grid) {
-      if (dynamic) {
-        index = draw_tile(params.tile_counter);
-        publish(index);
-      }
       MoeTile tile = scheduler.tile(index, rank);
-      if (!tile.valid) {
-        if (dynamic) {
-          if constexpr (K::kPingpong) publish(index);  // the other consumer stops too
-          if (cute::elect_one_sync()) retire_cta(params.tile_counter);
-          __syncwarp();
-        }
-        break;
-      }
+      if (!tile.valid) break;
       // Shift x's rows to the expert's first row and the weights' batch mode to the expert; the
       // collective then indexes tile (m_tile, n_tile) of batch 0 as usual.
       Tensor gA = local_tile(domain_offset(make_coord(tile.row_start, 0, 0), mA), typename K::TileShape{},
@@ -285,26 +244,11 @@ moe_gemm_kernel(CUTLASS_GRID_CONSTANT typename K::Params const params) {
     const int consumer = warp_group - 1;
     typename K::TiledMma tiled_mma;
     typename K::PipelineState read_state;
-    // Pingpong consumers take alternate tiles of the CTA's sequence; cooperative ones take each.
-    constexpr int kStride = K::kPingpong ? K::kConsumers : 1;
-    const int offset = K::kPingpong ? consumer : 0;
-    typename K::TicketPipeline::PipelineState ticket_state;
-    ticket_state.advance(offset);
-    int64_t static_index = first + offset * grid;
-    auto next_tile = [&] {
-      int64_t index = static_index;
-      static_index += kStride * grid;
-      if (dynamic) {
-        ticket_pipeline.consumer_wait(ticket_state);
-        index = storage.tickets[ticket_state.index()];
-        ticket_pipeline.consumer_release(ticket_state);
-        ticket_state.advance(kStride);
-      }
-      return scheduler.tile(index, rank);
-    };
     if constexpr (K::kPingpong) {
       if (consumer == 1) read_state.advance(k_tiles);  // consumer 0 takes the first tile's stages
-      for (MoeTile tile = next_tile(); tile.valid; tile = next_tile()) {
+      for (int64_t index = first + consumer * grid;; index += K::kConsumers * grid) {
+        MoeTile tile = scheduler.tile(index, rank);
+        if (!tile.valid) break;
         Tensor accum = partition_fragment_C(tiled_mma, take<0, 2>(typename K::TileShape{}));
         math_order.wait();
         mainloop.mma(pipeline, read_state, accum, k_tiles, group_thread, storage.tensors, params.mainloop);
@@ -316,7 +260,9 @@ moe_gemm_kernel(CUTLASS_GRID_CONSTANT typename K::Params const params) {
       }
     } else {
       const int mma_thread = threadIdx.x - cutlass::NumThreadsPerWarpGroup;  // both consumers: 0..255
-      for (MoeTile tile = next_tile(); tile.valid; tile = next_tile()) {
+      for (int64_t index = first;; index += grid) {
+        MoeTile tile = scheduler.tile(index, rank);
+        if (!tile.valid) break;
         Tensor accum = partition_fragment_C(tiled_mma, take<0, 2>(typename K::TileShape{}));
         mainloop.mma(pipeline, read_state, accum, k_tiles, mma_thread, storage.tensors, params.mainloop);
         mainloop.mma_tail(pipeline, read_state, k_tiles);
@@ -358,27 +304,6 @@ class DescriptorCache {
   int used_ = 0;
   int next_ = 0;
 };
-
-// The dynamic-order tile counters of this instance (each instance's .cu has its own), one per
-// stream slot. Zero at module load; every launch leaves its counter at zero.
-constexpr int kTileCounterSlots = 64;
-static __device__ TileCounter g_tile_counters[kTileCounterSlots];
-
-// This device's counter for `stream` (static: each instance .cu keeps its own table).
-static TileCounter* tile_counter(int device, cudaStream_t stream) {
-  constexpr int kMaxDevices = 64;
-  static std::once_flag flags[kMaxDevices];
-  static TileCounter* bases[kMaxDevices];
-  static cudaError_t errors[kMaxDevices];
-  CUTLASS_MOE_CHECK_ARG(device >= 0 && device < kMaxDevices, "device " << device << " out of range");
-  std::call_once(flags[device], [&] {
-    void* base = nullptr;
-    errors[device] = cudaGetSymbolAddress(&base, g_tile_counters);
-    bases[device] = static_cast<TileCounter*>(base);
-  });
-  CUTLASS_MOE_CHECK_CUDA(errors[device]);
-  return bases[device] + stream_counter_slot<kTileCounterSlots>(stream);
-}
 
 template <DType kDType, WeightLayout kLayout, KernelConfig kConfig>
 size_t MoeGemmInstance<kDType, kLayout, kConfig>::workspace_size(int64_t, int) {
@@ -430,9 +355,6 @@ void MoeGemmInstance<kDType, kLayout, kConfig>::run(const MoeGemmProblem& p, voi
 
   const int tiles_n = (n + K::kTileN - 1) / K::kTileN;
   params.scheduler = {p.tokens_per_expert, p.count_type == IndexType::kInt64, e, t, tiles_n};
-  // CUTLASS_MOE_STATIC_ORDER: measurement switch while the two orders are compared.
-  static const bool static_order = std::getenv("CUTLASS_MOE_STATIC_ORDER") != nullptr;
-  params.tile_counter = K::kDynamicOrder && !static_order ? tile_counter(device, stream) : nullptr;
   params.out = static_cast<typename K::Element*>(p.out);
   params.ldout = p.ldout;
   params.num_tokens = t;

@@ -183,12 +183,14 @@ CUTLASS_DEVICE void store_tile(typename K::Params const& params, MoeTile const& 
   }
 }
 
-// Producer: issues the TMA loads of `tile`'s k_tiles stages (one elected thread; the warp calls it).
+// Producer warp: issues the TMA loads of `tile`'s k_tiles stages (one elected thread).
 // Weights: the full kTileN x kTileK box (multicast to the cluster's CTAs, each issuing its share, as
 // in CUTLASS's collective). x: the full kTileM-row box where the expert owns all its rows; otherwise
 // only its rows rounded up to 8, in boxes of 32, 16 and 8 rows, and the stage's transaction count
-// is completed for the rows not loaded. Those rows of shared memory keep stale data: they only
-// feed output rows that are never stored. Rows past T are zero-filled by TMA as usual.
+// is completed for the rows not loaded. The warp zeroes those rows in shared memory first: they only
+// feed output rows that are never stored, but WGMMA on zeros draws less power than on stale data
+// (what the grouped family's zero-filled boxes get), which counts on a power-capped GPU. Rows past
+// T are zero-filled by TMA as usual.
 template <class K, class TensorA, class TensorB>
 CUTLASS_DEVICE void load_tile(typename K::Params const& params, typename K::Pipeline& pipeline,
                               typename K::PipelineState& write_state, MoeTile const& tile, TensorA const& mA,
@@ -198,10 +200,6 @@ CUTLASS_DEVICE void load_tile(typename K::Params const& params, typename K::Pipe
   using X = Underscore;
   using Mainloop = typename K::Mainloop;
   constexpr int kTileM = K::kTileM, kTileK = K::kTileK;
-  if (!elect_one_sync()) {
-    write_state.advance(k_tiles);
-    return;
-  }
   const int row0 = tile.row_start + tile.m_tile * kTileM;  // first x row of the tile
   const int rows = max(0, min(kTileM, tile.rows - tile.m_tile * kTileM));
   const int rows_loaded = rows == kTileM ? kTileM : (rows + 7) / 8 * 8;
@@ -235,11 +233,30 @@ CUTLASS_DEVICE void load_tile(typename K::Params const& params, typename K::Pipe
     copy(tma.with(*barrier), slice.partition_S(gA_rows)(_, _, _, k), slice.partition_D(sA_rows));
   };
 
+  const int lane = threadIdx.x % 32;
   CUTLASS_PRAGMA_NO_UNROLL
   for (int k = 0; k < k_tiles; ++k) {
-    pipeline.producer_acquire(write_state);
-    auto* barrier = pipeline.producer_get_barrier(write_state);
     const int stage = write_state.index();
+    if (rows_loaded < kTileM) {
+      // Wait for the stage to be free, zero the rows not loaded, and only then arrive on the
+      // stage's barrier (the leader thread, in producer_acquire), so the consumers see the zeros.
+      while (pipeline.producer_try_acquire(write_state) == cutlass::BarrierStatus::WaitAgain) {
+      }
+      uint4* rows_not_loaded = reinterpret_cast<uint4*>(tensors.smem_A.data() + (stage * kTileM + rows_loaded) * kTileK);
+      constexpr int kVectorsPerRow = kTileK * sizeof(typename K::Element) / sizeof(uint4);
+      for (int v = lane; v < (kTileM - rows_loaded) * kVectorsPerRow; v += 32) rows_not_loaded[v] = uint4{0, 0, 0, 0};
+      cutlass::arch::fence_view_async_shared();  // generic-proxy writes, read by WGMMA (async proxy)
+      __syncwarp();
+      pipeline.producer_acquire(write_state, {cutlass::BarrierStatus::WaitDone});
+    } else {
+      pipeline.producer_acquire(write_state);
+    }
+    __syncwarp();
+    if (!elect_one_sync()) {
+      ++write_state;
+      continue;
+    }
+    auto* barrier = pipeline.producer_get_barrier(write_state);
     if (rows_loaded == kTileM) {
       copy(params.mainloop.tma_load_a.with(*barrier), tAgA(_, _, _, k), tAsA(_, _, _, stage));
     } else {

@@ -3,10 +3,10 @@
 // The kernel gets the base pointers of x, weights and out, E, N, K and the device pointer to
 // tokens_per_expert. A persistent tile scheduler (moe_tile_scheduler.hpp) finds each tile's expert
 // and row offset on the device. Operands move as follows:
-//   - x (A) has one TMA descriptor over the whole T x K matrix. A tile's rows start at its expert's
-//     row offset (a domain offset of the TMA coordinate tensor), so they need not be tile-aligned.
-//     A tile that runs past the expert's last row reads the next expert's rows (or TMA's zero fill
-//     past T); those rows' outputs are never stored.
+//   - x (A) has one TMA descriptor, over a "ragged" view of x (see run()) in which a box can start
+//     at any row and stop at the expert's last row: a tile loads exactly its expert's rows, and TMA
+//     zero-fills the rest of the box without reading it. No per-expert descriptors, no rows of
+//     another expert read.
 //   - weights (B) have one TMA descriptor over all experts, with the expert as the batch mode: no
 //     per-expert tensor-map rewrites.
 //   - out (D): each consumer stages its tile in shared memory, 64 columns at a time, then writes
@@ -87,22 +87,6 @@ struct MoeGemmKernel {
       typename Config::MoeMainloopSchedule
     >::CollectiveOp;
 
-  // x rows past the expert's last row are not loaded: a tile with fewer than kTileM rows loads them
-  // through boxes of 32, 16 and 8 rows (load_tile). Each box lands where it would in the full tile:
-  // a row of the tile's K slice is one 128-byte swizzle row, so 8 rows are one 1 KB swizzle atom.
-  static_assert(kTileK * cutlass::sizeof_bits<Element>::value == 128 * 8, "one 128-byte swizzle row per x row");
-  static_assert(kTileM % 32 == 0);
-  using InternalA = typename Mainloop::InternalElementA;
-  template <int kRows>
-  using SmemLayoutARows = decltype(cute::tile_to_shape(typename Mainloop::SmemLayoutAtomA{},
-                                                       cute::make_shape(cute::Int<kRows>{}, cute::Int<kTileK>{})));
-  template <int kRows>
-  using TmaARows = decltype(cute::make_tma_copy(
-      cute::SM90_TMA_LOAD{},
-      cute::make_tensor(static_cast<InternalA const*>(nullptr),
-                        cute::repeat_like(typename Mainloop::StrideA{}, int32_t(0)), typename Mainloop::StrideA{}),
-      SmemLayoutARows<kRows>{}));
-
   using TiledMma      = typename Mainloop::TiledMma;
   using Pipeline      = typename Mainloop::MainloopPipeline;
   using PipelineState = typename Mainloop::PipelineState;
@@ -118,9 +102,6 @@ struct MoeGemmKernel {
 
   struct Params {
     typename Mainloop::Params mainloop;  // the two TMA descriptors and transaction sizes
-    TmaARows<32> tma_load_a32;           // x in boxes of 32, 16 and 8 rows (a tile's partial rows)
-    TmaARows<16> tma_load_a16;
-    TmaARows<8> tma_load_a8;
     typename Scheduler::Params scheduler;
     Element* out;
     int64_t ldout;
@@ -183,94 +164,6 @@ CUTLASS_DEVICE void store_tile(typename K::Params const& params, MoeTile const& 
   }
 }
 
-// Producer warp: issues the TMA loads of `tile`'s k_tiles stages (one elected thread).
-// Weights: the full kTileN x kTileK box (multicast to the cluster's CTAs, each issuing its share, as
-// in CUTLASS's collective). x: the full kTileM-row box where the expert owns all its rows; otherwise
-// only its rows rounded up to 8, in boxes of 32, 16 and 8 rows, and the stage's transaction count
-// is completed for the rows not loaded. The warp zeroes those rows in shared memory first: they only
-// feed output rows that are never stored, but WGMMA on zeros draws less power than on stale data
-// (what the grouped family's zero-filled boxes get), which counts on a power-capped GPU. Rows past
-// T are zero-filled by TMA as usual.
-template <class K, class TensorA, class TensorB>
-CUTLASS_DEVICE void load_tile(typename K::Params const& params, typename K::Pipeline& pipeline,
-                              typename K::PipelineState& write_state, MoeTile const& tile, TensorA const& mA,
-                              TensorB const& mB, int k_tiles, int rank,
-                              typename K::Mainloop::TensorStorage& tensors) {
-  using namespace cute;
-  using X = Underscore;
-  using Mainloop = typename K::Mainloop;
-  constexpr int kTileM = K::kTileM, kTileK = K::kTileK;
-  const int row0 = tile.row_start + tile.m_tile * kTileM;  // first x row of the tile
-  const int rows = max(0, min(kTileM, tile.rows - tile.m_tile * kTileM));
-  const int rows_loaded = rows == kTileM ? kTileM : (rows + 7) / 8 * 8;
-  const uint32_t bytes_not_loaded = (kTileM - rows_loaded) * kTileK * sizeof(typename K::Element);
-
-  Tensor sA = make_tensor(make_smem_ptr(tensors.smem_A.data()), typename Mainloop::SmemLayoutA{});  // (BLK_M, BLK_K, PIPE)
-  Tensor sB = make_tensor(make_smem_ptr(tensors.smem_B.data()), typename Mainloop::SmemLayoutB{});  // (BLK_N, BLK_K, PIPE)
-  Tensor gA = local_tile(domain_offset(make_coord(row0, 0, 0), mA), typename K::TileShape{}, make_coord(_, _, _),
-                         Step<_1, X, _1>{})(_, _, 0, _, 0);                              // (BLK_M, BLK_K, k)
-  Tensor gB = local_tile(domain_offset(make_coord(0, 0, tile.expert), mB), typename K::TileShape{},
-                         make_coord(_, _, _), Step<X, _1, _1>{})(_, _, tile.n_tile, _, 0);  // (BLK_N, BLK_K, k)
-  auto tma_a = params.mainloop.tma_load_a.get_slice(0);
-  auto tma_b = params.mainloop.tma_load_b.get_slice(rank);  // this CTA's share of a multicast box
-  Tensor tAgA = tma_a.partition_S(gA);  // (TMA, TMA_M, TMA_K, k)
-  Tensor tAsA = tma_a.partition_D(sA);  // (TMA, TMA_M, TMA_K, PIPE)
-  Tensor tBgB = tma_b.partition_S(gB);  // (TMA, TMA_N, TMA_K, k)
-  Tensor tBsB = tma_b.partition_D(sB);  // (TMA, TMA_N, TMA_K, PIPE)
-  const uint16_t mcast_mask_b = static_cast<uint16_t>((1u << K::kClusterM) - 1);  // every CTA of the cluster
-
-  // Rows [offset, offset + kRows) of the tile, for stage `stage` and k-block `k`.
-  auto load_rows = [&](auto const& tma, auto rows_tag, int offset, int stage, int k, uint64_t* barrier) {
-    constexpr int kRows = decltype(rows_tag)::value;
-    Tensor mA_rows = tma.get_tma_tensor(shape(mA));
-    Tensor gA_rows = local_tile(domain_offset(make_coord(row0 + offset, 0, 0), mA_rows),
-                                make_shape(Int<kRows>{}, Int<K::kTileN>{}, Int<kTileK>{}), make_coord(_, _, _),
-                                Step<_1, X, _1>{})(_, _, 0, _, 0);  // (kRows, BLK_K, k)
-    // Stages are kTileM x kTileK apart and rows kTileK apart; `offset` is a multiple of 8 rows (1 KB).
-    auto* first = tensors.smem_A.data() + (stage * kTileM + offset) * kTileK;
-    Tensor sA_rows = make_tensor(make_smem_ptr(first), typename K::template SmemLayoutARows<kRows>{});
-    auto slice = tma.get_slice(0);
-    copy(tma.with(*barrier), slice.partition_S(gA_rows)(_, _, _, k), slice.partition_D(sA_rows));
-  };
-
-  const int lane = threadIdx.x % 32;
-  CUTLASS_PRAGMA_NO_UNROLL
-  for (int k = 0; k < k_tiles; ++k) {
-    const int stage = write_state.index();
-    if (rows_loaded < kTileM) {
-      // Wait for the stage to be free, zero the rows not loaded, and only then arrive on the
-      // stage's barrier (the leader thread, in producer_acquire), so the consumers see the zeros.
-      while (pipeline.producer_try_acquire(write_state) == cutlass::BarrierStatus::WaitAgain) {
-      }
-      uint4* rows_not_loaded = reinterpret_cast<uint4*>(tensors.smem_A.data() + (stage * kTileM + rows_loaded) * kTileK);
-      constexpr int kVectorsPerRow = kTileK * sizeof(typename K::Element) / sizeof(uint4);
-      for (int v = lane; v < (kTileM - rows_loaded) * kVectorsPerRow; v += 32) rows_not_loaded[v] = uint4{0, 0, 0, 0};
-      cutlass::arch::fence_view_async_shared();  // generic-proxy writes, read by WGMMA (async proxy)
-      __syncwarp();
-      pipeline.producer_acquire(write_state, {cutlass::BarrierStatus::WaitDone});
-    } else {
-      pipeline.producer_acquire(write_state);
-    }
-    __syncwarp();
-    if (!elect_one_sync()) {
-      ++write_state;
-      continue;
-    }
-    auto* barrier = pipeline.producer_get_barrier(write_state);
-    if (rows_loaded == kTileM) {
-      copy(params.mainloop.tma_load_a.with(*barrier), tAgA(_, _, _, k), tAsA(_, _, _, stage));
-    } else {
-      int offset = 0;
-      if (rows_loaded - offset >= 32) { load_rows(params.tma_load_a32, Int<32>{}, offset, stage, k, barrier); offset += 32; }
-      if (rows_loaded - offset >= 16) { load_rows(params.tma_load_a16, Int<16>{}, offset, stage, k, barrier); offset += 16; }
-      if (rows_loaded - offset >= 8)  { load_rows(params.tma_load_a8, Int<8>{}, offset, stage, k, barrier); offset += 8; }
-      cutlass::arch::ClusterTransactionBarrier::complete_transaction(barrier, rank, bytes_not_loaded);
-    }
-    copy(params.mainloop.tma_load_b.with(*barrier, mcast_mask_b), tBgB(_, _, _, k), tBsB(_, _, _, stage));
-    ++write_state;
-  }
-}
-
 template <class K>
 __global__ void __launch_bounds__(K::kThreads, 1)
 moe_gemm_kernel(CUTLASS_GRID_CONSTANT typename K::Params const params) {
@@ -326,14 +219,27 @@ moe_gemm_kernel(CUTLASS_GRID_CONSTANT typename K::Params const params) {
   if (warp_group == 0) {
     cutlass::arch::warpgroup_reg_dealloc<K::kProducerRegs>();
     if (!is_producer) return;
-    // Whole tensors as TMA coordinate tensors: x is (T, K, 1), weights are (N, K, E).
-    Tensor mA = params.mainloop.tma_load_a.get_tma_tensor(make_shape(params.num_tokens, params.k, 1));
+    // TMA coordinate tensors: x as the ragged view (kTileM, K, T + 1) of run(), weights as (N, K, E).
+    Tensor mA = params.mainloop.tma_load_a.get_tma_tensor(make_shape(Int<K::kTileM>{}, params.k, params.num_tokens + 1));
     Tensor mB = params.mainloop.tma_load_b.get_tma_tensor(make_shape(params.n, params.k, params.num_experts));
     auto write_state = cutlass::make_producer_start_state<Pipeline>();
     for (int64_t index = first;; index += grid) {
       MoeTile tile = scheduler.tile(index, rank);
       if (!tile.valid) break;
-      load_tile<K>(params, pipeline, write_state, tile, mA, mB, k_tiles, rank, storage.tensors);
+      // x: the tile's rows of the expert are [first, first + rows). In the ragged view, the box at
+      // (kTileM - rows, k, first + rows) holds exactly them, then kTileM - rows rows past the view's
+      // first mode, which TMA zero-fills without reading them (a cluster's spare CTA, rows = 0, reads
+      // none). Weights: the batch mode is the expert.
+      const int first_row = tile.row_start + tile.m_tile * K::kTileM;
+      const int rows = max(0, min(int{K::kTileM}, tile.rows - tile.m_tile * K::kTileM));
+      Tensor gA = local_tile(domain_offset(make_coord(K::kTileM - rows, 0, first_row + rows), mA),
+                             typename K::TileShape{}, make_coord(_, _, _), Step<_1, X, _1>{});  // (BLK_M, BLK_K, 1, k, l)
+      Tensor gB = local_tile(domain_offset(make_coord(0, 0, tile.expert), mB), typename K::TileShape{},
+                             make_coord(_, _, _), Step<X, _1, _1>{});  // (BLK_N, BLK_K, n, k, l)
+      mainloop.load(params.mainloop, pipeline, write_state, cute::make_tuple(gA, gB),
+                    make_coord(0, tile.n_tile, _, 0), cute::make_coord_iterator(k_tiles), k_tiles,
+                    threadIdx.x % 32, rank, storage.tensors);
+      write_state.advance(k_tiles);
     }
     mainloop.load_tail(pipeline, write_state);
   } else {
@@ -402,15 +308,6 @@ class DescriptorCache {
   int next_ = 0;
 };
 
-// The TMA descriptors of x: the full tile box and the partial-tile boxes.
-template <class K>
-struct XDescriptors {
-  decltype(K::Mainloop::Params::tma_load_a) full;
-  typename K::template TmaARows<32> rows32;
-  typename K::template TmaARows<16> rows16;
-  typename K::template TmaARows<8> rows8;
-};
-
 template <DType kDType, WeightLayout kLayout, KernelConfig kConfig>
 size_t MoeGemmInstance<kDType, kLayout, kConfig>::workspace_size(int64_t, int) {
   return 0;
@@ -422,10 +319,11 @@ void MoeGemmInstance<kDType, kLayout, kConfig>::run(const MoeGemmProblem& p, voi
   using namespace cute;
   using K = MoeGemmKernel<kDType, kLayout, kConfig>;
   using Mainloop = typename K::Mainloop;
+  using TmaA = decltype(Mainloop::Params::tma_load_a);
   using TmaB = decltype(Mainloop::Params::tma_load_b);
   using InternalA = typename Mainloop::InternalElementA;
   using InternalB = typename Mainloop::InternalElementB;
-  static DescriptorCache<XDescriptors<K>> a_cache;
+  static DescriptorCache<TmaA> a_cache;
   static DescriptorCache<TmaB> b_cache;
 
   const int t = static_cast<int>(p.num_tokens), n = static_cast<int>(p.n), k = static_cast<int>(p.k);
@@ -436,24 +334,22 @@ void MoeGemmInstance<kDType, kLayout, kConfig>::run(const MoeGemmProblem& p, voi
   typename K::Params params;
   int device = 0;
   CUTLASS_MOE_CHECK_CUDA(cudaGetDevice(&device));
-  const XDescriptors<K> x_maps = a_cache.get(
+  // x as a ragged view: element (i, k, j) is x[j + i - kTileM, k], i < kTileM, j <= T (rows
+  // stride both i and j). A tile with r rows of its expert starting at row s loads the box at
+  // (kTileM - r, k, s + r): x[s, s + r) lands in the box's first r rows, and the rest of the box has
+  // i >= kTileM, out of the view, so TMA zero-fills it without a read. No row of another expert is
+  // read, and WGMMA on zeros draws less power than on stale data. Every element the kernel touches
+  // has j + i - kTileM in [s, s + r), inside x; the base address itself lies kTileM rows before x.
+  params.mainloop.tma_load_a = a_cache.get(
       {reinterpret_cast<int64_t>(p.x), t, k, p.ldx, device, 0}, [&] {
-        auto tensor = make_tensor(static_cast<InternalA const*>(p.x),
-                                  make_layout(make_shape(t, k, 1),
-                                              leading_stride<typename Mainloop::StrideA>(p.ldx, p.ldx * t)));
-        XDescriptors<K> maps;
-        maps.full = make_tma_copy_A_sm90(typename Mainloop::GmemTiledCopyA{}, tensor,
-                                         typename Mainloop::SmemLayoutA{}(_, _, Int<0>{}), typename K::TileShape{},
-                                         typename K::ClusterShape{});
-        maps.rows32 = make_tma_copy(SM90_TMA_LOAD{}, tensor, typename K::template SmemLayoutARows<32>{});
-        maps.rows16 = make_tma_copy(SM90_TMA_LOAD{}, tensor, typename K::template SmemLayoutARows<16>{});
-        maps.rows8 = make_tma_copy(SM90_TMA_LOAD{}, tensor, typename K::template SmemLayoutARows<8>{});
-        return maps;
+        const auto base = reinterpret_cast<uintptr_t>(p.x) - uintptr_t(K::kTileM) * p.ldx * sizeof(InternalA);
+        auto tensor = make_tensor(reinterpret_cast<InternalA const*>(base),
+                                  make_layout(make_shape(K::kTileM, k, t + 1),
+                                              leading_stride<typename Mainloop::StrideA>(p.ldx, p.ldx)));
+        return make_tma_copy_A_sm90(typename Mainloop::GmemTiledCopyA{}, tensor,
+                                    typename Mainloop::SmemLayoutA{}(_, _, Int<0>{}), typename K::TileShape{},
+                                    typename K::ClusterShape{});
       });
-  params.mainloop.tma_load_a = x_maps.full;
-  params.tma_load_a32 = x_maps.rows32;
-  params.tma_load_a16 = x_maps.rows16;
-  params.tma_load_a8 = x_maps.rows8;
   params.mainloop.tma_load_b = b_cache.get(
       {reinterpret_cast<int64_t>(p.weights), e, int64_t(n) << 32 | k, p.ldw, expert_stride, device}, [&] {
         auto tensor = make_tensor(static_cast<InternalB const*>(p.weights),

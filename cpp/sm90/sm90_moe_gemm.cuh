@@ -228,14 +228,15 @@ moe_gemm_kernel(CUTLASS_GRID_CONSTANT typename K::Params const params) {
       if (!tile.valid) break;
       // x: the tile's rows of the expert are [first, first + rows). In the ragged view, the box at
       // (kTileM - rows, k, first + rows) holds exactly them, then kTileM - rows rows past the view's
-      // first mode, which TMA zero-fills without reading them. A cluster's spare CTA (rows = 0) reads
-      // none; its box is kept at j = the expert's first row, inside the view: with j past T (its
-      // tile's first row), the 2x1 config hit an illegal address on the H200 although no element of
-      // the box was in bounds. Weights: the batch mode is the expert.
+      // first mode, which TMA zero-fills without reading them. A cluster's spare CTA (rows = 0)
+      // loads the expert's first row instead, so that no box lies wholly outside the view: the 2x1
+      // config, whose spare CTAs did that, hit illegal addresses on the H200 (seed000-g8,
+      // gptoss-120b-prefill). Weights: the batch mode is the expert.
       const int first_row = tile.row_start + tile.m_tile * K::kTileM;
       const int rows = max(0, min(int{K::kTileM}, tile.rows - tile.m_tile * K::kTileM));
-      const int box_end = rows > 0 ? first_row + rows : tile.row_start;
-      Tensor gA = local_tile(domain_offset(make_coord(K::kTileM - rows, 0, box_end), mA),
+      const int box_rows = max(rows, 1);
+      const int box_end = rows > 0 ? first_row + rows : tile.row_start + 1;
+      Tensor gA = local_tile(domain_offset(make_coord(K::kTileM - box_rows, 0, box_end), mA),
                              typename K::TileShape{}, make_coord(_, _, _), Step<_1, X, _1>{});  // (BLK_M, BLK_K, 1, k, l)
       Tensor gB = local_tile(domain_offset(make_coord(0, 0, tile.expert), mB), typename K::TileShape{},
                              make_coord(_, _, _), Step<X, _1, _1>{});  // (BLK_N, BLK_K, n, k, l)

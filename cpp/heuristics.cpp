@@ -15,15 +15,9 @@ Backend select_backend(const MoeGemmProblem& problem, int device) {
   if (device >= 0 && device_info(device).cc / 10 == 8) {
     return select_sm80_backend(problem);
   }
-  // Measured on H200s over the public cases (benchmarks/NOTES.md): the MoE kernel is faster on
-  // most cases (by 2-14%: every seed000 case, qwen3-30b-decode, mixtral-decode, mixtral-prefill)
-  // and costs less host time per call (no workspace, one launch). The one regime where the grouped
-  // family was ahead in three of four runs (by 2-8%) is deep K with a few hundred rows per expert
-  // over many experts (dsv3-prefill: K = 7168, T/E = 128, E = 256).
-  const int64_t rows_per_expert = problem.num_tokens / (problem.num_experts > 0 ? problem.num_experts : 1);
-  if (problem.k >= 6144 && rows_per_expert > 64 && rows_per_expert <= 512 && problem.num_experts >= 64) {
-    return Backend::kGrouped;
-  }
+  // Measured on H200s over the public cases (benchmarks/NOTES.md): the MoE family, with the config
+  // select_config picks, is faster than the grouped family on every case, and costs less host time
+  // per call (no workspace, one launch).
   return Backend::kMoe;
 }
 
@@ -34,11 +28,19 @@ KernelConfig select_config(const MoeGemmProblem& problem, Backend backend, int /
                ? KernelConfig::kSm80_64x128x32_32x64_s4
                : KernelConfig::kSm80_128x128x32_64x64_s4;
   }
-  if (backend == Backend::kMoe) {
-    return KernelConfig::kSm90Pingpong_64x256x64_1x1x1;  // the one config the MoE family implements
-  }
   const int64_t experts = problem.num_experts > 0 ? problem.num_experts : 1;
   const int64_t rows_per_expert = problem.num_tokens / experts;
+  if (backend == Backend::kMoe) {
+    // Measured on an H200 over the public cases (benchmarks/NOTES.md): the 64x256 pingpong tile
+    // is fastest except with deep K and a few hundred rows per expert (dsv3-prefill, K = 7168;
+    // gptoss-120b-prefill, K = 2880; T/E = 128), where the 128x256 cooperative tile, which reads
+    // each weight tile once per 128 rows, is 3-7% faster. With K <= 2048 (seed000, qwen3-prefill)
+    // or thousands of rows per expert (mixtral-prefill) it is 3-18% slower.
+    if (problem.k >= 2560 && rows_per_expert > 64 && rows_per_expert <= 512) {
+      return KernelConfig::kSm90Cooperative_128x256x64_1x1x1;
+    }
+    return KernelConfig::kSm90Pingpong_64x256x64_1x1x1;
+  }
   // Measured on an H200 over the public cases (bf16, all six sm90 configs; numbers in
   // benchmarks/NOTES.md): the 64x256 pingpong tile is fastest or within 3% from decode
   // (a few rows per expert) through a few hundred rows per expert, since a 64-row tile wastes

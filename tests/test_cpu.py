@@ -132,12 +132,23 @@ def test_heuristic_picks_small_m_tiles_unless_experts_have_thousands_of_rows(t, 
     assert cutlass_moe.select_config(t, e, n, k, backend="grouped") == ("grouped", expect)
 
 
+@pytest.mark.parametrize("t,e,n,k,expect", [
+    (1024, 256, 4096, 7168, "sm90_pingpong_64x256x64_1x1x1"),       # dsv3-decode
+    (24576, 128, 1024, 1024, "sm90_pingpong_64x256x64_1x1x1"),      # seed000-g128
+    (32768, 128, 1536, 2048, "sm90_pingpong_64x256x64_1x1x1"),      # qwen3-30b-prefill: K = 2048
+    (8192, 8, 28672, 4096, "sm90_pingpong_64x256x64_1x1x1"),        # mixtral-prefill: 1024 rows/expert
+    (32768, 256, 4096, 7168, "sm90_cooperative_128x256x64_1x1x1"),  # dsv3-prefill: deep K, 128 rows/expert
+    (16384, 128, 5760, 2880, "sm90_cooperative_128x256x64_1x1x1"),  # gptoss-120b-prefill
+    (4096, 16, 16384, 5120, "sm90_cooperative_128x256x64_1x1x1"),   # seed001-llama4
+])
+def test_moe_heuristic_takes_128_row_tiles_only_with_deep_k_and_hundreds_of_rows(t, e, n, k, expect):
+    assert cutlass_moe.select_config(t, e, n, k, backend="moe") == ("moe", expect)
+
+
 def test_moe_backend_config_and_auto_backend_resolve():
-    assert cutlass_moe.select_config(1024, 256, 4096, 7168, backend="moe") == ("moe", "sm90_pingpong_64x256x64_1x1x1")
     assert cutlass_moe.select_config(1024, 256, 4096, 7168, device=-1) == ("moe", "sm90_pingpong_64x256x64_1x1x1")
-    # The measured exception: deep K, a few hundred rows per expert, many experts (dsv3-prefill).
-    assert cutlass_moe.select_config(32768, 256, 4096, 7168, device=-1) == ("grouped", "sm90_pingpong_64x256x64_1x1x1")
-    for t, e, n, k in [(8192, 8, 28672, 4096), (16384, 128, 5760, 2880), (4096, 16, 16384, 5120)]:
+    for t, e, n, k in [(32768, 256, 4096, 7168), (8192, 8, 28672, 4096), (16384, 128, 5760, 2880),
+                       (4096, 16, 16384, 5120), (24576, 8, 1024, 1024)]:
         assert cutlass_moe.select_config(t, e, n, k, device=-1)[0] == "moe"
     for family in ("sm80_moe", "sm80_grouped"):
         assert cutlass_moe.select_config(1024, 256, 4096, 7168, backend=family) == (family, "sm80_64x128x32_32x64_s4")
@@ -154,7 +165,8 @@ def test_compiled_module_reports_its_build():
         for layout in ("kn", "nk"):
             for config in ("sm90_pingpong_64x256x64_1x1x1", "sm90_cooperative_128x256x64_1x2x1"):
                 assert f"sm90:grouped:{dtype}:{layout}:{config}" in instances
-            assert f"sm90:moe:{dtype}:{layout}:sm90_pingpong_64x256x64_1x1x1" in instances
+            for config in ("sm90_pingpong_64x256x64_1x1x1", "sm90_cooperative_128x256x64_1x1x1"):
+                assert f"sm90:moe:{dtype}:{layout}:{config}" in instances
             for family in ("sm80_grouped", "sm80_moe"):
                 for config in ("sm80_64x128x32_32x64_s4", "sm80_128x128x32_64x64_s4"):
                     assert f"sm80:{family}:{dtype}:{layout}:{config}" in instances

@@ -17,8 +17,8 @@ SM80_SMALL_M = "sm80_64x128x32_32x64_s4"
 SM80_LARGE_M = "sm80_128x128x32_64x64_s4"
 BACKENDS = ["grouped", "moe", "sm80_grouped", "sm80_moe"]  # the sm80 families run on Hopper too
 # (backend, config): every config of every family.
-# Optional MoE configs, tested where built (CUTLASS_MOE_SM90_MOE_CONFIGS): 2-CTA clusters with weight
-# multicast, and the cooperative schedule.
+# MoE configs: the 64x256 pingpong and 128x256 cooperative tiles (default build), and 2-CTA clusters
+# with weight multicast, tested where built (CUTLASS_MOE_SM90_MOE_CONFIGS).
 CLUSTER_2X1 = "sm90_pingpong_64x256x64_2x1x1"
 COOPERATIVE = "sm90_cooperative_128x256x64_1x1x1"
 KERNELS = [("grouped", SMALL_M), ("grouped", LARGE_M), ("moe", SMALL_M), ("moe", CLUSTER_2X1), ("moe", COOPERATIVE),

@@ -220,7 +220,8 @@ moe_gemm_kernel(CUTLASS_GRID_CONSTANT typename K::Params const params) {
     cutlass::arch::warpgroup_reg_dealloc<K::kProducerRegs>();
     if (!is_producer) return;
     // TMA coordinate tensors: x as the ragged view (kTileM, K, T + 1) of run(), weights as (N, K, E).
-    Tensor mA = params.mainloop.tma_load_a.get_tma_tensor(make_shape(Int<K::kTileM>{}, params.k, params.num_tokens + 1));
+    Tensor mA =
+        params.mainloop.tma_load_a.get_tma_tensor(make_shape(Int<K::kTileM>{}, params.k, params.num_tokens + 1));
     Tensor mB = params.mainloop.tma_load_b.get_tma_tensor(make_shape(params.n, params.k, params.num_experts));
     auto write_state = cutlass::make_producer_start_state<Pipeline>();
     for (int64_t index = first;; index += grid) {
@@ -236,8 +237,8 @@ moe_gemm_kernel(CUTLASS_GRID_CONSTANT typename K::Params const params) {
       const int rows = max(0, min(int{K::kTileM}, tile.rows - tile.m_tile * K::kTileM));
       const int box_rows = max(rows, 1);
       const int box_end = rows > 0 ? first_row + rows : tile.row_start + 1;
-      Tensor gA = local_tile(domain_offset(make_coord(K::kTileM - box_rows, 0, box_end), mA),
-                             typename K::TileShape{}, make_coord(_, _, _), Step<_1, X, _1>{});  // (BLK_M, BLK_K, 1, k, l)
+      Tensor gA = local_tile(domain_offset(make_coord(K::kTileM - box_rows, 0, box_end), mA), typename K::TileShape{},
+                             make_coord(_, _, _), Step<_1, X, _1>{});  // (BLK_M, BLK_K, 1, k, l)
       Tensor gB = local_tile(domain_offset(make_coord(0, 0, tile.expert), mB), typename K::TileShape{},
                              make_coord(_, _, _), Step<X, _1, _1>{});  // (BLK_N, BLK_K, n, k, l)
       mainloop.load(params.mainloop, pipeline, write_state, cute::make_tuple(gA, gB),
@@ -342,8 +343,9 @@ void MoeGemmInstance<kDType, kLayout, kConfig>::run(const MoeGemmProblem& p, voi
   // stride both i and j). A tile with r rows of its expert starting at row s loads the box at
   // (kTileM - r, k, s + r): x[s, s + r) lands in the box's first r rows, and the rest of the box has
   // i >= kTileM, out of the view, so TMA zero-fills it without a read. No row of another expert is
-  // read, and WGMMA on zeros draws less power than on stale data. Every element the kernel touches
-  // has j + i - kTileM in [s, s + r), inside x; the base address itself lies kTileM rows before x.
+  // read, and the rows not loaded are zeros, as in the grouped family (zeros measured faster than
+  // other data there, benchmarks/NOTES.md). Every element the kernel touches has j + i - kTileM in
+  // [s, s + r), inside x; the base address itself, kTileM rows before x, is never dereferenced.
   params.mainloop.tma_load_a = a_cache.get(
       {reinterpret_cast<int64_t>(p.x), t, k, p.ldx, device, 0}, [&] {
         const auto base = reinterpret_cast<uintptr_t>(p.x) - uintptr_t(K::kTileM) * p.ldx * sizeof(InternalA);

@@ -103,6 +103,24 @@ def test_many_experts(e, kind, backend):
              kind=kind, seed=e, tail=7)
 
 
+@kernels
+@pytest.mark.parametrize("case", ["seed000-g8", "gptoss-120b-prefill"])
+def test_public_case_splits(case, backend, config):
+    # The public cases' own counts at full size. The 2x1-cluster MoE config once faulted on these
+    # two (a spare CTA's x box wholly outside the ragged view) while the small problems passed.
+    from cutlass_moe import bench
+    cases = bench.load_cases()
+    spec = next(c for c in cases if c["name"] == case)
+    counts = bench.case_counts(cases)[case]
+    gen = torch.Generator(device="cuda").manual_seed(6)
+    x = torch.randn(spec["T"], spec["K"], device="cuda", dtype=torch.bfloat16, generator=gen)
+    w = torch.randn(spec["E"], spec["K"], spec["N"], device="cuda", dtype=torch.bfloat16, generator=gen)
+    w *= spec["K"] ** -0.5
+    y = moe_gemm(x, w, counts.cuda(), backend=backend, config=config)
+    torch.cuda.synchronize()
+    check(y, x, w, counts, False)
+
+
 @backends
 @pytest.mark.parametrize("counts_on", ["cuda", "cpu"])
 @pytest.mark.parametrize("count_dtype", [torch.int32, torch.int64])

@@ -17,8 +17,7 @@
 // Warp group 0 produces (one warp issues the TMA loads); warp groups 1 and 2 consume:
 //   - pingpong: they take alternate tiles; an order barrier lets only one of them issue WGMMAs at a
 //     time, so one tile's epilogue overlaps the other's mainloop;
-//   - cooperative: both work on every tile, each on half of its rows (a consumer whose half holds
-//     no rows of the expert skips its WGMMAs).
+//   - cooperative: both work on every tile, each on half of its rows.
 #pragma once
 
 #include <algorithm>
@@ -272,25 +271,12 @@ moe_gemm_kernel(CUTLASS_GRID_CONSTANT typename K::Params const params) {
       for (int64_t index = first;; index += grid) {
         MoeTile tile = scheduler.tile(index, rank);
         if (!tile.valid) break;
-        // An expert's last row tile often holds no rows in this consumer's half (tile rows <= 64 of
-        // 128): the consumer then only hands the stages back, issuing no WGMMA, so such a tile
-        // costs the tensor cores half a tile (the MMA work of 64-row tiles, with the weight tile
-        // still loaded once per 128 rows).
-        const int first_row = consumer * K::kEpiRows;
-        if (tile.rows - tile.m_tile * K::kTileM <= first_row) {
-          for (int k_tile = 0; k_tile < k_tiles; ++k_tile) {
-            pipeline.consumer_wait(read_state);
-            pipeline.consumer_release(read_state);
-            ++read_state;
-          }
-          continue;
-        }
         Tensor accum = partition_fragment_C(tiled_mma, take<0, 2>(typename K::TileShape{}));
         mainloop.mma(pipeline, read_state, accum, k_tiles, mma_thread, storage.tensors, params.mainloop);
         mainloop.mma_tail(pipeline, read_state, k_tiles);
         read_state.advance(k_tiles);
-        store_tile<K>(params, tile, accum, storage.epilogue[consumer].data(), mma_thread, group_thread, first_row,
-                      consumer);
+        store_tile<K>(params, tile, accum, storage.epilogue[consumer].data(), mma_thread, group_thread,
+                      /*first_row=*/consumer * K::kEpiRows, consumer);
       }
     }
   }

@@ -21,9 +21,7 @@ BACKENDS = ["grouped", "moe", "sm80_grouped", "sm80_moe"]  # the sm80 families r
 # with weight multicast, tested where built (CUTLASS_MOE_SM90_MOE_CONFIGS).
 CLUSTER_2X1 = "sm90_pingpong_64x256x64_2x1x1"
 COOPERATIVE = "sm90_cooperative_128x256x64_1x1x1"
-COOPERATIVE_256 = "sm90_cooperative_256x128x64_1x1x1"  # skips the 64-row atoms that hold no rows
 KERNELS = [("grouped", SMALL_M), ("grouped", LARGE_M), ("moe", SMALL_M), ("moe", CLUSTER_2X1), ("moe", COOPERATIVE),
-           ("moe", COOPERATIVE_256),
            ("sm80_grouped", SM80_SMALL_M), ("sm80_grouped", SM80_LARGE_M),
            ("sm80_moe", SM80_SMALL_M), ("sm80_moe", SM80_LARGE_M)]
 KERNEL_IDS = [f"{b}-{'_'.join(c.split('_')[1:])}" for b, c in KERNELS]
@@ -103,22 +101,6 @@ def test_many_experts(e, kind, backend):
     # Most experts empty at T = 3001 < E; K and N small. T is no multiple of any tile.
     run_case(t=3001, k=64, n=72, e=e, dtype=torch.bfloat16, variant="nk", backend=backend, config="auto",
              kind=kind, seed=e, tail=7)
-
-
-@kernels
-def test_rows_at_atom_boundaries(backend, config):
-    # Experts ending on either side of every 64-row boundary of a 256-row tile (and past it): the
-    # 256x128 MoE tile issues WGMMAs only for the 64-row atoms holding rows; each case of 0, 1 or 2
-    # atoms per consumer is here, with a deep enough K for several pipeline rounds per tile.
-    gen = torch.Generator(device="cuda").manual_seed(11)
-    sizes = [1, 63, 64, 65, 127, 128, 129, 0, 191, 192, 193, 255, 256, 257, 320, 449, 513]
-    counts = torch.tensor(sizes, dtype=torch.int32)
-    t, k, n = sum(sizes) + 5, 1024, 200
-    x = torch.randn(t, k, device="cuda", dtype=torch.bfloat16, generator=gen)
-    w = torch.randn(len(sizes), k, n, device="cuda", dtype=torch.bfloat16, generator=gen)
-    out = torch.full((t, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-    y = moe_gemm(x, w, counts.cuda(), out=out, backend=backend, config=config)
-    check(y, x, w, counts, False, poison_rows_from=True)
 
 
 @kernels

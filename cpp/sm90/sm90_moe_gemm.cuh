@@ -67,11 +67,10 @@ struct MoeGemmKernel {
   using MathOrderBarrier = cutlass::OrderedSequenceBarrier<1, kConsumers>;       // one WGMMA issuer at a time
 
   // Epilogue staging per consumer: its kEpiRows x kEpiN part of the tile, rows padded by 16 bytes so
-  // that the fragment writes (8 rows x 4 adjacent words per warp) are free of bank conflicts, and the
-  // 16-byte row reads too at 64 columns. A 64-column slice keeps it small (2 x 9 KB): 5 stages at
-  // 64x256x64; 128 rows per consumer take 32-column slices (2 x 10 KB), for 4 stages at 256x128x64.
+  // that both the fragment writes (8 rows x 4 adjacent words per warp) and the 16-byte row reads are
+  // free of bank conflicts. A 64-column slice keeps it small (2 x 9 KB): 5 stages at 64x256x64.
   static constexpr int kEpiRows = kPingpong ? kTileM : kTileM / kConsumers;
-  static constexpr int kEpiN = kEpiRows > 64 ? 32 : 64;
+  static constexpr int kEpiN = 64;
   static constexpr int kEpiPitch = kEpiN + 8;
   static_assert(kTileN % kEpiN == 0);
   using EpilogueTile = cute::array_aligned<Element, kEpiRows * kEpiPitch, 128>;
@@ -87,17 +86,6 @@ struct MoeGemmKernel {
           kEpilogueSmemBytes + static_cast<int>(sizeof(typename MathOrderBarrier::SharedStorage))>,
       typename Config::MoeMainloopSchedule
     >::CollectiveOp;
-
-  // Cooperative tiles with several 64-row WGMMA atoms per consumer (256x128: two) issue WGMMAs only
-  // for the atoms that hold rows of the expert (mma_atoms below), so the expert's last, partial tile
-  // costs the tensor cores what 64-row tiles would. Such a tile holds up to 256 rows of an expert,
-  // so an expert's weight tile is mostly read by one CTA: CTAs need not run in lockstep to share it
-  // through L2, and their drifting apart as tile times differ costs no weight re-reads. (With one
-  // atom per consumer, 128x256, skipping made dsv3-prefill 20% slower exactly by that drift:
-  // benchmarks/NOTES.md.)
-  static constexpr int kAtomRows = 64;
-  static constexpr int kAtomsPerConsumer = kPingpong ? 1 : kTileM / kConsumers / kAtomRows;
-  static constexpr bool kSkipEmptyAtoms = kAtomsPerConsumer > 1;
 
   using TiledMma      = typename Mainloop::TiledMma;
   using Pipeline      = typename Mainloop::MainloopPipeline;
@@ -174,57 +162,6 @@ CUTLASS_DEVICE void store_tile(typename K::Params const& params, MoeTile const& 
       }
     }
   }
-}
-
-// A cooperative consumer's mainloop over one tile, issuing WGMMAs for its first kAtoms 64-row atoms
-// only (0 < kAtoms <= kAtomsPerConsumer); the accumulators of the other atoms are left as they are
-// (their rows are not stored). As CUTLASS's collective mma(): one batch of WGMMAs in flight, and a
-// stage goes back to the producer once the batch that read it has completed.
-template <class K, int kAtoms, class Accumulators>
-CUTLASS_DEVICE void mma_atoms(typename K::Pipeline& pipeline, typename K::PipelineState read_state,
-                              Accumulators& accum, int k_tiles, int mma_thread,
-                              typename K::Mainloop::TensorStorage& tensors) {
-  using namespace cute;
-  using Mainloop = typename K::Mainloop;
-  Tensor sA = make_tensor(make_smem_ptr(tensors.smem_A.data()), typename Mainloop::SmemLayoutA{});  // (M, K, PIPE)
-  Tensor sB = make_tensor(make_smem_ptr(tensors.smem_B.data()), typename Mainloop::SmemLayoutB{});  // (N, K, PIPE)
-  typename K::TiledMma tiled_mma;
-  auto thread_mma = tiled_mma.get_thread_slice(mma_thread);
-  Tensor tCrA = thread_mma.make_fragment_A(thread_mma.partition_A(sA));  // (MMA, MMA_M, MMA_K, PIPE)
-  Tensor tCrB = thread_mma.make_fragment_B(thread_mma.partition_B(sB));  // (MMA, MMA_N, MMA_K, PIPE)
-  static_assert(decltype(size<1>(tCrA))::value == K::kAtomsPerConsumer && kAtoms <= K::kAtomsPerConsumer);
-
-  typename K::PipelineState release_state = read_state;
-  tiled_mma.accumulate_ = GMMA::ScaleOut::Zero;
-  warpgroup_fence_operand(accum);
-  for (int k_tile = 0; k_tile < k_tiles; ++k_tile) {
-    pipeline.consumer_wait(read_state);
-    const int stage = read_state.index();
-    warpgroup_fence_operand(accum);
-    warpgroup_arrive();
-    CUTLASS_PRAGMA_UNROLL
-    for (int k_block = 0; k_block < size<2>(tCrA); ++k_block) {
-      CUTLASS_PRAGMA_UNROLL
-      for (int m = 0; m < kAtoms; ++m) {
-        CUTLASS_PRAGMA_UNROLL
-        for (int n = 0; n < size<1>(tCrB); ++n) {
-          cute::gemm(tiled_mma, tCrA(_, m, k_block, stage), tCrB(_, n, k_block, stage), accum(_, m, n));
-        }
-      }
-      tiled_mma.accumulate_ = GMMA::ScaleOut::One;
-    }
-    warpgroup_commit_batch();
-    warpgroup_wait<1>();  // the batch before this one is done: its stage can go back
-    warpgroup_fence_operand(accum);
-    if (k_tile > 0) {
-      pipeline.consumer_release(release_state);
-      ++release_state;
-    }
-    ++read_state;
-  }
-  warpgroup_wait<0>();
-  warpgroup_fence_operand(accum);
-  if (k_tiles > 0) pipeline.consumer_release(release_state);
 }
 
 template <class K>
@@ -334,33 +271,12 @@ moe_gemm_kernel(CUTLASS_GRID_CONSTANT typename K::Params const params) {
       for (int64_t index = first;; index += grid) {
         MoeTile tile = scheduler.tile(index, rank);
         if (!tile.valid) break;
-        const int first_row = consumer * K::kEpiRows;
         Tensor accum = partition_fragment_C(tiled_mma, take<0, 2>(typename K::TileShape{}));
-        if constexpr (K::kSkipEmptyAtoms) {
-          // 64-row atoms of this consumer's half that hold rows of the expert.
-          const int rows = tile.rows - tile.m_tile * K::kTileM - first_row;
-          const int atoms = min(max(0, (rows + K::kAtomRows - 1) / K::kAtomRows), K::kAtomsPerConsumer);
-          static_assert(K::kAtomsPerConsumer == 2, "dispatch below covers 0, 1 and 2 atoms");
-          if (atoms == 0) {  // no rows here: hand the stages back, store nothing
-            for (int k_tile = 0; k_tile < k_tiles; ++k_tile) {
-              pipeline.consumer_wait(read_state);
-              pipeline.consumer_release(read_state);
-              ++read_state;
-            }
-            continue;
-          }
-          if (atoms == 1) {
-            mma_atoms<K, 1>(pipeline, read_state, accum, k_tiles, mma_thread, storage.tensors);
-          } else {
-            mma_atoms<K, 2>(pipeline, read_state, accum, k_tiles, mma_thread, storage.tensors);
-          }
-        } else {
-          mainloop.mma(pipeline, read_state, accum, k_tiles, mma_thread, storage.tensors, params.mainloop);
-          mainloop.mma_tail(pipeline, read_state, k_tiles);
-        }
+        mainloop.mma(pipeline, read_state, accum, k_tiles, mma_thread, storage.tensors, params.mainloop);
+        mainloop.mma_tail(pipeline, read_state, k_tiles);
         read_state.advance(k_tiles);
-        store_tile<K>(params, tile, accum, storage.epilogue[consumer].data(), mma_thread, group_thread, first_row,
-                      consumer);
+        store_tile<K>(params, tile, accum, storage.epilogue[consumer].data(), mma_thread, group_thread,
+                      /*first_row=*/consumer * K::kEpiRows, consumer);
       }
     }
   }

@@ -104,6 +104,21 @@ def test_many_experts(e, kind, backend):
 
 
 @kernels
+def test_rows_at_tile_boundaries(backend, config):
+    # Experts ending on either side of every 64-row boundary up to 513 rows, with an empty one, and
+    # a K deep enough for several pipeline rounds per tile.
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    sizes = [1, 63, 64, 65, 127, 128, 129, 0, 191, 192, 193, 255, 256, 257, 320, 449, 513]
+    counts = torch.tensor(sizes, dtype=torch.int32)
+    t, k, n = sum(sizes) + 5, 1024, 200
+    x = torch.randn(t, k, device="cuda", dtype=torch.bfloat16, generator=gen)
+    w = torch.randn(len(sizes), k, n, device="cuda", dtype=torch.bfloat16, generator=gen)
+    out = torch.full((t, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    y = moe_gemm(x, w, counts.cuda(), out=out, backend=backend, config=config)
+    check(y, x, w, counts, False, poison_rows_from=True)
+
+
+@kernels
 @pytest.mark.parametrize("case", ["seed000-g8", "gptoss-120b-prefill"])
 def test_public_case_splits(case, backend, config):
     # The public cases' own counts at full size. The 2x1-cluster MoE config once faulted on these

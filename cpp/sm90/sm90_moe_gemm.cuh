@@ -9,8 +9,14 @@
 //     another expert read.
 //   - weights (B) have one TMA descriptor over all experts, with the expert as the batch mode: no
 //     per-expert tensor-map rewrites.
-//   - out (D): each consumer stages its tile in shared memory, 64 columns at a time, then writes
-//     whole 16-byte vectors, coalesced along rows, clipped to the expert's rows and to N.
+//   - out (D), pingpong: each consumer stages its tile in shared memory, 64 columns at a time, then
+//     writes whole 16-byte vectors, coalesced along rows, clipped to the expert's rows and to N
+//     (store_tile). The other consumer's mainloop runs meanwhile.
+//   - out (D), cooperative: both consumers finish a tile together, so a synchronous epilogue would
+//     idle the tensor cores (5-16% of the kernel's time, benchmarks/NOTES.md). Each consumer writes
+//     64-column slices into shared memory and a TMA store, issued by one thread, copies them out
+//     asynchronously while the consumer goes on to its next tile (store_tile_tma). The store goes
+//     through a ragged view of out, like x's: it stops at the expert's last row.
 // The mainloop (TMA loads into a multistage smem pipeline, WGMMA) is CUTLASS's sm90 warp-
 // specialized collective, composed here with our own kernel, scheduler and epilogue.
 //
@@ -23,6 +29,7 @@
 #include <algorithm>
 #include <array>
 #include <mutex>
+#include <type_traits>
 
 #include <cute/tensor.hpp>
 #include <cutlass/arch/reg_reconfig.h>
@@ -66,15 +73,41 @@ struct MoeGemmKernel {
 
   using MathOrderBarrier = cutlass::OrderedSequenceBarrier<1, kConsumers>;       // one WGMMA issuer at a time
 
-  // Epilogue staging per consumer: its kEpiRows x kEpiN part of the tile, rows padded by 16 bytes so
-  // that both the fragment writes (8 rows x 4 adjacent words per warp) and the 16-byte row reads are
-  // free of bank conflicts. A 64-column slice keeps it small (2 x 9 KB): 5 stages at 64x256x64.
+  // Pingpong epilogue staging per consumer: its kEpiRows x kEpiN part of the tile, rows padded by 16
+  // bytes so that both the fragment writes (8 rows x 4 adjacent words per warp) and the 16-byte row
+  // reads are free of bank conflicts. A 64-column slice keeps it small (2 x 9 KB): 5 stages at 64x256x64.
   static constexpr int kEpiRows = kPingpong ? kTileM : kTileM / kConsumers;
   static constexpr int kEpiN = 64;
   static constexpr int kEpiPitch = kEpiN + 8;
   static_assert(kTileN % kEpiN == 0);
   using EpilogueTile = cute::array_aligned<Element, kEpiRows * kEpiPitch, 128>;
-  static constexpr int kEpilogueSmemBytes = static_cast<int>(kConsumers * sizeof(EpilogueTile));
+  struct StagingStorage {
+    EpilogueTile tile[kConsumers];
+  };
+
+  // Cooperative TMA-store epilogue: per consumer, kStoreBuffers slices of kEpiRows x kStoreCols in
+  // the 128-byte swizzle TMA reads (the fragment writes, 8 rows x 16 bytes per warp, land in 8
+  // different bank groups), so one slice is written while the previous one is being stored.
+  // 2 x 2 x 8 KB: 4 stages at 128x256x64.
+  static constexpr bool kTmaStore = !kPingpong;
+  static constexpr int kStoreCols = 128 / static_cast<int>(sizeof(Element));  // one 128-byte swizzle row
+  static constexpr int kStoreBuffers = 2;
+  static_assert(kTileN % kStoreCols == 0);
+  using SmemLayoutD = decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW128_Atom<Element>{},
+                                                   cute::Shape<cute::Int<kEpiRows>, cute::Int<kStoreCols>>{}));
+  using StoreBuffer = cute::array_aligned<Element, kEpiRows * kStoreCols, 1024>;
+  struct StoreStorage {
+    StoreBuffer buffer[kConsumers][kStoreBuffers];
+  };
+  // out as the ragged view (kEpiRows, N, T + 1) of run(); one box is one slice of one consumer.
+  using TmaStoreD = decltype(cute::make_tma_copy(
+      cute::SM90_TMA_STORE{},
+      cute::make_tensor(cute::make_gmem_ptr<Element>(nullptr),
+                        cute::make_layout(cute::make_shape(0, 0, 0), cute::make_stride(int64_t(0), cute::_1{}, int64_t(0)))),
+      SmemLayoutD{}));
+
+  using EpilogueStorage = std::conditional_t<kTmaStore, StoreStorage, StagingStorage>;
+  static constexpr int kEpilogueSmemBytes = static_cast<int>(sizeof(EpilogueStorage));
 
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
@@ -94,7 +127,7 @@ struct MoeGemmKernel {
 
   struct SharedStorage {
     typename Mainloop::TensorStorage tensors;
-    EpilogueTile epilogue[kConsumers];
+    EpilogueStorage epilogue;
     alignas(16) typename Mainloop::PipelineStorage pipeline;
     alignas(16) typename MathOrderBarrier::SharedStorage math_order;
   };
@@ -103,6 +136,7 @@ struct MoeGemmKernel {
   struct Params {
     typename Mainloop::Params mainloop;  // the two TMA descriptors and transaction sizes
     typename Scheduler::Params scheduler;
+    TmaStoreD tma_store_d;  // cooperative configs only
     Element* out;
     int64_t ldout;
     int num_tokens;
@@ -164,6 +198,62 @@ CUTLASS_DEVICE void store_tile(typename K::Params const& params, MoeTile const& 
   }
 }
 
+// Cooperative configs: stores a consumer's accumulators for `tile` by TMA, clipped to the expert's
+// rows and to N by the ragged view of out. The consumer owns tile rows [first_row, first_row +
+// kEpiRows). Per kStoreCols-column slice: its fragments go to one of the consumer's swizzled
+// buffers, and thread 0 of the consumer stores it with one TMA copy. The copy is asynchronous: a
+// buffer is only waited for when it comes round again (two slices later, possibly in the next
+// tile), and the consumer goes on to its next mainloop right after issuing the last slice.
+// Before the kernel ends, thread 0 waits for its stores to have read shared memory (store_tail).
+template <class K, class Accumulators>
+CUTLASS_DEVICE void store_tile_tma(typename K::Params const& params, MoeTile const& tile, Accumulators const& accum,
+                                   typename K::StoreBuffer* buffers, int mma_thread_idx, int group_thread,
+                                   int first_row, int barrier_id) {
+  using namespace cute;
+  using Element = typename K::Element;
+  constexpr int kThreads = cutlass::NumThreadsPerWarpGroup;
+  const int rows = min(int{K::kEpiRows}, tile.rows - tile.m_tile * K::kTileM - first_row);
+  if (rows <= 0) return;  // no rows of the expert in this consumer's part (and no box wholly outside the view)
+  const int row_start = tile.row_start + tile.m_tile * K::kTileM + first_row;
+  const int cols_left = params.n - tile.n_tile * K::kTileN;
+
+  typename K::TiledMma tiled_mma;
+  Tensor coords = tiled_mma.get_thread_slice(mma_thread_idx)
+                      .partition_C(make_identity_tensor(make_shape(Int<K::kTileM>{}, Int<K::kTileN>{})));
+  static_assert(decltype(size(coords))::value == decltype(size(accum))::value);
+  // The box at (kEpiRows - rows, col, row_start + rows) of the ragged view holds out[row_start, +rows)
+  // in its first rows; its other rows are past the view's first mode, and TMA does not write them.
+  Tensor mD = params.tma_store_d.get_tma_tensor(make_shape(int{K::kEpiRows}, params.n, params.num_tokens + 1));
+  Tensor gD = domain_offset(make_coord(K::kEpiRows - rows, tile.n_tile * K::kTileN, row_start + rows), mD)(_, _, 0);
+  auto tma_store = params.tma_store_d.get_slice(Int<0>{});
+  cutlass::NumericArrayConverter<Element, float, 2> convert;
+
+  CUTLASS_PRAGMA_UNROLL
+  for (int slice = 0; slice < K::kTileN / K::kStoreCols; ++slice) {
+    const int first_col = slice * K::kStoreCols;
+    if (first_col >= cols_left) break;  // the same for the whole consumer
+    Tensor sD = make_tensor(make_smem_ptr(buffers[slice % K::kStoreBuffers].data()), typename K::SmemLayoutD{});
+    if (group_thread == 0) tma_store_wait<K::kStoreBuffers - 1>();  // this buffer's last store has read it
+    cutlass::arch::NamedBarrier::sync(kThreads, barrier_id);
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < size(accum); i += 2) {
+      const int row = get<0>(coords(i)) - first_row;
+      const int col = get<1>(coords(i)) - first_col;  // coords(i + 1) is (row, col + 1)
+      if (col >= 0 && col < K::kStoreCols) {
+        cutlass::Array<float, 2> pair{accum(i), accum(i + 1)};
+        *reinterpret_cast<cutlass::Array<Element, 2>*>(&sD(row, col)) = convert(pair);
+      }
+    }
+    tma_store_fence();  // these shared memory writes are visible to the TMA (async proxy)
+    cutlass::arch::NamedBarrier::sync(kThreads, barrier_id);
+    if (group_thread == 0) {
+      Tensor gD_slice = local_tile(gD, Shape<Int<K::kEpiRows>, Int<K::kStoreCols>>{}, make_coord(0, slice));
+      copy(params.tma_store_d, tma_store.partition_S(sD), tma_store.partition_D(gD_slice));
+      tma_store_arrive();
+    }
+  }
+}
+
 template <class K>
 __global__ void __launch_bounds__(K::kThreads, 1)
 moe_gemm_kernel(CUTLASS_GRID_CONSTANT typename K::Params const params) {
@@ -182,6 +272,7 @@ moe_gemm_kernel(CUTLASS_GRID_CONSTANT typename K::Params const params) {
 
   if (is_producer && cute::elect_one_sync()) {
     Mainloop::prefetch_tma_descriptors(params.mainloop);
+    if constexpr (K::kTmaStore) cute::prefetch_tma_descriptor(params.tma_store_d.get_tma_descriptor());
   }
 
   typename Pipeline::Params pipeline_params;
@@ -263,7 +354,7 @@ moe_gemm_kernel(CUTLASS_GRID_CONSTANT typename K::Params const params) {
         math_order.arrive();
         mainloop.mma_tail(pipeline, read_state, k_tiles);
         read_state.advance(k_tiles * K::kConsumers);
-        store_tile<K>(params, tile, accum, storage.epilogue[consumer].data(), group_thread, group_thread,
+        store_tile<K>(params, tile, accum, storage.epilogue.tile[consumer].data(), group_thread, group_thread,
                       /*first_row=*/0, consumer);
       }
     } else {
@@ -275,9 +366,10 @@ moe_gemm_kernel(CUTLASS_GRID_CONSTANT typename K::Params const params) {
         mainloop.mma(pipeline, read_state, accum, k_tiles, mma_thread, storage.tensors, params.mainloop);
         mainloop.mma_tail(pipeline, read_state, k_tiles);
         read_state.advance(k_tiles);
-        store_tile<K>(params, tile, accum, storage.epilogue[consumer].data(), mma_thread, group_thread,
-                      /*first_row=*/consumer * K::kEpiRows, consumer);
+        store_tile_tma<K>(params, tile, accum, storage.epilogue.buffer[consumer], mma_thread, group_thread,
+                          /*first_row=*/consumer * K::kEpiRows, consumer);
       }
+      if (group_thread == 0) tma_store_wait<0>();  // shared memory stays until the stores have read it
     }
   }
 #endif
@@ -365,6 +457,19 @@ void MoeGemmInstance<kDType, kLayout, kConfig>::run(const MoeGemmProblem& p, voi
                                     typename Mainloop::SmemLayoutB{}(_, _, Int<0>{}), typename K::TileShape{},
                                     typename K::ClusterShape{});
       });
+  if constexpr (K::kTmaStore) {
+    static DescriptorCache<typename K::TmaStoreD> d_cache;
+    // out as a ragged view, like x: element (i, n, j) is out[j + i - kEpiRows, n], i < kEpiRows,
+    // j <= T. The base itself, kEpiRows rows before out, is never written: store_tile_tma's boxes
+    // write only their rows with i < kEpiRows, which are rows of out.
+    params.tma_store_d = d_cache.get({reinterpret_cast<int64_t>(p.out), t, n, p.ldout, device, 1}, [&] {
+      const auto base = reinterpret_cast<uintptr_t>(p.out) -
+                        uintptr_t(K::kEpiRows) * p.ldout * sizeof(typename K::Element);
+      auto tensor = make_tensor(make_gmem_ptr(reinterpret_cast<typename K::Element*>(base)),
+                                make_layout(make_shape(int{K::kEpiRows}, n, t + 1), make_stride(p.ldout, _1{}, p.ldout)));
+      return make_tma_copy(SM90_TMA_STORE{}, tensor, typename K::SmemLayoutD{});
+    });
+  }
   params.mainloop.tma_transaction_bytes = Mainloop::TmaTransactionBytes;
   params.mainloop.tma_transaction_bytes_mk = Mainloop::TmaTransactionBytesMK;
   params.mainloop.tma_transaction_bytes_nk = Mainloop::TmaTransactionBytesNK;

@@ -217,10 +217,23 @@ CUTLASS_DEVICE void store_tile_tma(typename K::Params const& params, MoeTile con
   const int row_start = tile.row_start + tile.m_tile * K::kTileM + first_row;
   const int cols_left = params.n - tile.n_tile * K::kTileN;
 
+  // Fragment coordinates: the thread's offset plus the value's offset (cute layouts are linear in
+  // thread and value); the value offsets are thread 0's coordinates, compile-time constants once the
+  // loops unroll. In the GMMA accumulator layout a thread's offset is < 8 in columns (2 x (thread %
+  // 4)), thread 0's values sit in rows 0 and 8 and in columns 8j, 8j + 1, so a value's row mod 8 is
+  // the thread's, and its 16-byte chunk of a 128-byte row is the value's. The swizzled element
+  // offset, row * 64 + ((chunk ^ row % 8) * 8) + column % 8 (SmemLayoutD), then costs one XOR per
+  // store, with no per-value index math the compiler would keep in registers (cute's generic
+  // swizzled indexing here spilled 2.7 KB per thread and made the kernel 3x slower).
   typename K::TiledMma tiled_mma;
-  Tensor coords = tiled_mma.get_thread_slice(mma_thread_idx)
-                      .partition_C(make_identity_tensor(make_shape(Int<K::kTileM>{}, Int<K::kTileN>{})));
-  static_assert(decltype(size(coords))::value == decltype(size(accum))::value);
+  auto identity = make_identity_tensor(make_shape(Int<K::kTileM>{}, Int<K::kTileN>{}));
+  Tensor offsets = tiled_mma.get_thread_slice(0).partition_C(identity);
+  static_assert(decltype(size(offsets))::value == decltype(size(accum))::value);
+  const auto thread_coord = tiled_mma.get_thread_slice(mma_thread_idx).partition_C(identity)(0);
+  const int thread_row = get<0>(thread_coord) - get<0>(offsets(0)) - first_row;
+  const int thread_col = get<1>(thread_coord) - get<1>(offsets(0));
+  const int swizzle = thread_row % 8;
+  static_assert(K::kStoreCols == 64, "the swizzle arithmetic below is for 64-element (128-byte) rows");
   // The box at (kEpiRows - rows, col, row_start + rows) of the ragged view holds out[row_start, +rows)
   // in its first rows; its other rows are past the view's first mode, and TMA does not write them.
   Tensor mD = params.tma_store_d.get_tma_tensor(make_shape(int{K::kEpiRows}, params.n, params.num_tokens + 1));
@@ -232,16 +245,18 @@ CUTLASS_DEVICE void store_tile_tma(typename K::Params const& params, MoeTile con
   for (int slice = 0; slice < K::kTileN / K::kStoreCols; ++slice) {
     const int first_col = slice * K::kStoreCols;
     if (first_col >= cols_left) break;  // the same for the whole consumer
-    Tensor sD = make_tensor(make_smem_ptr(buffers[slice % K::kStoreBuffers].data()), typename K::SmemLayoutD{});
+    Element* buffer = buffers[slice % K::kStoreBuffers].data();
+    Tensor sD = make_tensor(make_smem_ptr(buffer), typename K::SmemLayoutD{});
     if (group_thread == 0) tma_store_wait<K::kStoreBuffers - 1>();  // this buffer's last store has read it
     cutlass::arch::NamedBarrier::sync(kThreads, barrier_id);
     CUTLASS_PRAGMA_UNROLL
     for (int i = 0; i < size(accum); i += 2) {
-      const int row = get<0>(coords(i)) - first_row;
-      const int col = get<1>(coords(i)) - first_col;  // coords(i + 1) is (row, col + 1)
+      const int row = get<0>(offsets(i));
+      const int col = get<1>(offsets(i)) - first_col;  // offsets(i + 1) is (row, col + 1)
       if (col >= 0 && col < K::kStoreCols) {
         cutlass::Array<float, 2> pair{accum(i), accum(i + 1)};
-        *reinterpret_cast<cutlass::Array<Element, 2>*>(&sD(row, col)) = convert(pair);
+        const int offset = (thread_row + row) * K::kStoreCols + (((col / 8) ^ swizzle) * 8) + thread_col;
+        *reinterpret_cast<cutlass::Array<Element, 2>*>(buffer + offset) = convert(pair);
       }
     }
     tma_store_fence();  // these shared memory writes are visible to the TMA (async proxy)

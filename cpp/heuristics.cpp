@@ -31,12 +31,14 @@ KernelConfig select_config(const MoeGemmProblem& problem, Backend backend, int /
   const int64_t experts = problem.num_experts > 0 ? problem.num_experts : 1;
   const int64_t rows_per_expert = problem.num_tokens / experts;
   if (backend == Backend::kMoe) {
-    // Measured on an H200 over the public cases (benchmarks/NOTES.md): the 64x256 pingpong tile
-    // is fastest except with deep K and a few hundred rows per expert (dsv3-prefill, K = 7168;
-    // gptoss-120b-prefill, K = 2880; T/E = 128), where the 128x256 cooperative tile, which reads
-    // each weight tile once per 128 rows, is 3-7% faster. With K <= 2048 (seed000, qwen3-prefill)
-    // or thousands of rows per expert (mixtral-prefill) it is 3-18% slower.
-    if (problem.k >= 2560 && rows_per_expert > 64 && rows_per_expert <= 512) {
+    // Measured on an H200 over the public cases, both tiles in one run (benchmarks/NOTES.md,
+    // "TMA-store epilogue"): the 128x256 cooperative tile, which reads each weight tile once per 128
+    // rows, is 1-10% faster with deep K and more than 64 rows per expert (dsv3-prefill, K = 7168;
+    // gptoss-120b-prefill, K = 2880; llama4, K = 5120; mixtral-prefill, K = 4096) and with thousands
+    // of rows per expert (seed000-g8, seed004-uniform). The 64x256 pingpong tile wins at K <= 2048
+    // with hundreds of rows per expert (qwen3-30b-prefill 6%, seed000-g16/g32 2-7%), where its
+    // smaller padding of each expert's last tile counts, and on decode (2-16%).
+    if (rows_per_expert > 64 && (problem.k >= 2560 || rows_per_expert >= 2048)) {
       return KernelConfig::kSm90Cooperative_128x256x64_1x1x1;
     }
     return KernelConfig::kSm90Pingpong_64x256x64_1x1x1;

@@ -136,12 +136,15 @@ def test_heuristic_picks_small_m_tiles_unless_experts_have_thousands_of_rows(t, 
     (1024, 256, 4096, 7168, "sm90_pingpong_64x256x64_1x1x1"),       # dsv3-decode
     (24576, 128, 1024, 1024, "sm90_pingpong_64x256x64_1x1x1"),      # seed000-g128
     (32768, 128, 1536, 2048, "sm90_pingpong_64x256x64_1x1x1"),      # qwen3-30b-prefill: K = 2048
-    (8192, 8, 28672, 4096, "sm90_pingpong_64x256x64_1x1x1"),        # mixtral-prefill: 1024 rows/expert
+    (24576, 32, 1024, 1024, "sm90_pingpong_64x256x64_1x1x1"),       # seed000-g32: 768 rows/expert, K = 1024
+    (8192, 8, 28672, 4096, "sm90_cooperative_128x256x64_1x1x1"),    # mixtral-prefill: 1024 rows/expert
     (32768, 256, 4096, 7168, "sm90_cooperative_128x256x64_1x1x1"),  # dsv3-prefill: deep K, 128 rows/expert
     (16384, 128, 5760, 2880, "sm90_cooperative_128x256x64_1x1x1"),  # gptoss-120b-prefill
     (4096, 16, 16384, 5120, "sm90_cooperative_128x256x64_1x1x1"),   # seed001-llama4
+    (24576, 8, 1024, 1024, "sm90_cooperative_128x256x64_1x1x1"),    # seed000-g8: 3072 rows/expert
+    (30720, 12, 3072, 1024, "sm90_cooperative_128x256x64_1x1x1"),   # seed004-uniform: 2560 rows/expert
 ])
-def test_moe_heuristic_takes_128_row_tiles_only_with_deep_k_and_hundreds_of_rows(t, e, n, k, expect):
+def test_moe_heuristic_takes_128_row_tiles_with_deep_k_or_thousands_of_rows(t, e, n, k, expect):
     assert cutlass_moe.select_config(t, e, n, k, backend="moe") == ("moe", expect)
 
 

@@ -21,9 +21,7 @@ BACKENDS = ["grouped", "moe", "sm80_grouped", "sm80_moe"]  # the sm80 families r
 # with weight multicast, tested where built (CUTLASS_MOE_SM90_MOE_CONFIGS).
 CLUSTER_2X1 = "sm90_pingpong_64x256x64_2x1x1"
 COOPERATIVE = "sm90_cooperative_128x256x64_1x1x1"
-COOPERATIVE_2X1 = "sm90_cooperative_128x256x64_2x1x1"
 KERNELS = [("grouped", SMALL_M), ("grouped", LARGE_M), ("moe", SMALL_M), ("moe", CLUSTER_2X1), ("moe", COOPERATIVE),
-           ("moe", COOPERATIVE_2X1),
            ("sm80_grouped", SM80_SMALL_M), ("sm80_grouped", SM80_LARGE_M),
            ("sm80_moe", SM80_SMALL_M), ("sm80_moe", SM80_LARGE_M)]
 KERNEL_IDS = [f"{b}-{'_'.join(c.split('_')[1:])}" for b, c in KERNELS]

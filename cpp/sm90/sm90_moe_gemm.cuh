@@ -204,7 +204,8 @@ CUTLASS_DEVICE void store_tile(typename K::Params const& params, MoeTile const& 
 // buffers, and thread 0 of the consumer stores it with one TMA copy. The copy is asynchronous: a
 // buffer is only waited for when it comes round again (two slices later, possibly in the next
 // tile), and the consumer goes on to its next mainloop right after issuing the last slice.
-// Before the kernel ends, thread 0 waits for its stores to have read shared memory (store_tail).
+// Before the kernel ends, thread 0 waits for its stores to have read shared memory (end of the
+// cooperative consumer loop).
 template <class K, class Accumulators>
 CUTLASS_DEVICE void store_tile_tma(typename K::Params const& params, MoeTile const& tile, Accumulators const& accum,
                                    typename K::StoreBuffer* buffers, int mma_thread_idx, int group_thread,

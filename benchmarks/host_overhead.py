@@ -33,14 +33,14 @@ def main() -> None:
     out = torch.empty(t, n, device="cuda", dtype=torch.bfloat16)
     offs = torch.cumsum(counts, 0, dtype=torch.int32)
     rows = {
-        "moe_gemm": lambda: cutlass_moe.moe_gemm(x, w, counts),
+        "moe_gemm (auto, new out)": lambda: cutlass_moe.moe_gemm(x, w, counts),  # allocates, as torch does
         "moe_gemm grouped": lambda: cutlass_moe.moe_gemm(x, w, counts, out=out, backend="grouped"),
         "moe_gemm moe": lambda: cutlass_moe.moe_gemm(x, w, counts, out=out, backend="moe"),
         "torch._grouped_mm": lambda: torch._grouped_mm(x, w, offs=offs),
     }
     print(f"host us/call over {args.calls} calls (E={e} T={t} K={k} N={n}, bf16) on {torch.cuda.get_device_name()}")
     for name, fn in rows.items():
-        print(f"  {name:<20} {per_call_us(fn, args.calls):7.1f}")
+        print(f"  {name:<26} {per_call_us(fn, args.calls):7.1f}")
 
 
 if __name__ == "__main__":

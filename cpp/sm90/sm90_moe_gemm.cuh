@@ -143,8 +143,6 @@ struct MoeGemmKernel {
     int n;
     int k;
     int num_experts;
-    // Cooperative configs: a consumer whose half of a tile holds no rows skips its WGMMAs (see run()).
-    bool skip_empty_halves;
   };
 };
 
@@ -380,22 +378,12 @@ moe_gemm_kernel(CUTLASS_GRID_CONSTANT typename K::Params const params) {
       for (int64_t index = first;; index += grid) {
         MoeTile tile = scheduler.tile(index, rank);
         if (!tile.valid) break;
-        const int first_row = consumer * K::kEpiRows;
-        if (params.skip_empty_halves && tile.rows - tile.m_tile * K::kTileM <= first_row) {
-          // No rows of the expert in this consumer's half: hand the stages back, issue no WGMMA.
-          for (int k_tile = 0; k_tile < k_tiles; ++k_tile) {
-            pipeline.consumer_wait(read_state);
-            pipeline.consumer_release(read_state);
-            ++read_state;
-          }
-          continue;
-        }
         Tensor accum = partition_fragment_C(tiled_mma, take<0, 2>(typename K::TileShape{}));
         mainloop.mma(pipeline, read_state, accum, k_tiles, mma_thread, storage.tensors, params.mainloop);
         mainloop.mma_tail(pipeline, read_state, k_tiles);
         read_state.advance(k_tiles);
-        store_tile_tma<K>(params, tile, accum, storage.epilogue.buffer[consumer], mma_thread, group_thread, first_row,
-                          consumer);
+        store_tile_tma<K>(params, tile, accum, storage.epilogue.buffer[consumer], mma_thread, group_thread,
+                          /*first_row=*/consumer * K::kEpiRows, consumer);
       }
       if (group_thread == 0) tma_store_wait<0>();  // shared memory stays until the stores have read it
     }
@@ -432,9 +420,6 @@ class DescriptorCache {
   int used_ = 0;
   int next_ = 0;
 };
-
-// Average rows per expert from which cooperative tiles skip the WGMMAs of empty half tiles.
-constexpr int kSkipEmptyHalvesRowsPerExpert = 512;
 
 template <DType kDType, WeightLayout kLayout, KernelConfig kConfig>
 size_t MoeGemmInstance<kDType, kLayout, kConfig>::workspace_size(int64_t, int) {
@@ -513,13 +498,6 @@ void MoeGemmInstance<kDType, kLayout, kConfig>::run(const MoeGemmProblem& p, voi
   params.n = n;
   params.k = k;
   params.num_experts = e;
-  // Skipping the WGMMAs of an empty half tile (an expert's last tile with <= 64 rows) saves tensor
-  // work, but such tiles finish early and the CTAs drift apart; the row tiles that share a weight
-  // tile then stop reading it within the time L2 holds it. Where the weights stream from DRAM at
-  // full rate (a few hundred rows per expert: dsv3-prefill) that cost 20%; with thousands of rows
-  // per expert the kernel is compute-bound, L2 holds the weights much longer, and the skip is
-  // pure gain (benchmarks/NOTES.md).
-  params.skip_empty_halves = !K::kPingpong && t >= int64_t(kSkipEmptyHalvesRowsPerExpert) * e;
 
   persistent_blocks_per_sm(moe_gemm_kernel<K>, K::kThreads, K::kSmemBytes, device);  // 1: all of shared memory
   cudaLaunchConfig_t config{};

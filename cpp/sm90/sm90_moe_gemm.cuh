@@ -146,30 +146,30 @@ struct MoeGemmKernel {
   };
 };
 
-// Stores a consumer's accumulators for `tile`, clipped to the expert's rows and to N, one
-// kEpiN-column slice at a time: the slice's fragments go to the consumer's staging buffer in shared
-// memory (the GMMA accumulator layout gives each thread pairs of adjacent columns, one 32-bit store
-// each), then the consumer's threads write 16-byte vectors along rows. The consumer owns tile rows
-// [first_row, first_row + kEpiRows); mma_thread_idx is the thread's index in the tiled MMA,
-// group_thread its index in the consumer, `barrier_id` the consumer's named barrier.
+// Pingpong configs: stores a consumer's accumulators for `tile` (the whole tile), clipped to the
+// expert's rows and to N, one kEpiN-column slice at a time: the slice's fragments go to the
+// consumer's staging buffer in shared memory (the GMMA accumulator layout gives each thread pairs
+// of adjacent columns, one 32-bit store each), then the consumer's threads write 16-byte vectors
+// along rows. group_thread is the thread's index in the consumer (and in its one-warp-group tiled
+// MMA), `barrier_id` the consumer's named barrier.
 template <class K, class Accumulators>
 CUTLASS_DEVICE void store_tile(typename K::Params const& params, MoeTile const& tile, Accumulators const& accum,
-                               typename K::Element* staging, int mma_thread_idx, int group_thread, int first_row,
-                               int barrier_id) {
+                               typename K::Element* staging, int group_thread, int barrier_id) {
+  static_assert(K::kPingpong, "cooperative configs store through store_tile_tma");
   using namespace cute;
   using Element = typename K::Element;
   constexpr int kThreads = cutlass::NumThreadsPerWarpGroup;
   constexpr int kVector = 16 / sizeof(Element);  // elements per 16-byte store
   constexpr int kVectorsPerRow = K::kEpiN / kVector;
   typename K::TiledMma tiled_mma;
-  auto thread_mma = tiled_mma.get_thread_slice(mma_thread_idx);
+  auto thread_mma = tiled_mma.get_thread_slice(group_thread);
   Tensor coords = thread_mma.partition_C(make_identity_tensor(make_shape(Int<K::kTileM>{}, Int<K::kTileN>{})));
   static_assert(decltype(size(coords))::value == decltype(size(accum))::value);
   cutlass::NumericArrayConverter<Element, float, 2> convert;
 
-  const int rows_left = tile.rows - tile.m_tile * K::kTileM - first_row;
+  const int rows_left = tile.rows - tile.m_tile * K::kTileM;
   const int cols_left = params.n - tile.n_tile * K::kTileN;  // a multiple of 8: vectors are all in or all out
-  Element* out = params.out + int64_t(tile.row_start + tile.m_tile * K::kTileM + first_row) * params.ldout +
+  Element* out = params.out + int64_t(tile.row_start + tile.m_tile * K::kTileM) * params.ldout +
                  tile.n_tile * K::kTileN;
 
   CUTLASS_PRAGMA_UNROLL
@@ -178,7 +178,7 @@ CUTLASS_DEVICE void store_tile(typename K::Params const& params, MoeTile const& 
     cutlass::arch::NamedBarrier::sync(kThreads, barrier_id);  // the previous slice has been read out
     CUTLASS_PRAGMA_UNROLL
     for (int i = 0; i < size(accum); i += 2) {
-      const int row = get<0>(coords(i)) - first_row;
+      const int row = get<0>(coords(i));
       const int col = get<1>(coords(i)) - first_col;  // coords(i + 1) is (row, col + 1)
       if (col >= 0 && col < K::kEpiN) {
         cutlass::Array<float, 2> pair{accum(i), accum(i + 1)};
@@ -370,8 +370,7 @@ moe_gemm_kernel(CUTLASS_GRID_CONSTANT typename K::Params const params) {
         math_order.arrive();
         mainloop.mma_tail(pipeline, read_state, k_tiles);
         read_state.advance(k_tiles * K::kConsumers);
-        store_tile<K>(params, tile, accum, storage.epilogue.tile[consumer].data(), group_thread, group_thread,
-                      /*first_row=*/0, consumer);
+        store_tile<K>(params, tile, accum, storage.epilogue.tile[consumer].data(), group_thread, consumer);
       }
     } else {
       const int mma_thread = threadIdx.x - cutlass::NumThreadsPerWarpGroup;  // both consumers: 0..255

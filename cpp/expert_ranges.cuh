@@ -1,12 +1,13 @@
 // The clamped row range of every expert, computed on the device by one CTA: the first kernel of the
 // "grouped" families, which turns tokens_per_expert into CUTLASS's per-expert argument arrays.
-// Clamping follows cutlass_moe.h: count' = clamp(count, 0, T), start = min(sum of earlier count', T),
-// rows = min(count', T - start).
+// Clamping is expert_rows.hpp's rule.
 #pragma once
 
 #include <cstdint>
 
 #include <cub/block/block_scan.cuh>
+
+#include "expert_rows.hpp"
 
 namespace cutlass_moe {
 
@@ -25,18 +26,13 @@ __device__ void for_each_expert_range(const Count* __restrict__ tokens_per_exper
 
   for (int64_t first = 0; first < num_experts; first += kExpertRangeThreads) {
     const int64_t e = first + threadIdx.x;
-    int64_t count = 0;
-    if (e < num_experts) {
-      count = static_cast<int64_t>(tokens_per_expert[e]);
-      count = count < 0 ? 0 : (count > num_tokens ? num_tokens : count);
-    }
+    const int64_t count = e < num_experts ? clamp_count(static_cast<int64_t>(tokens_per_expert[e]), num_tokens) : 0;
     int64_t prefix, chunk_total;
     BlockScan(scan_storage).ExclusiveSum(count, prefix, chunk_total);
     if (e < num_experts) {
-      int64_t start = chunk_base + prefix;  // at most E * T: no overflow for T, E < 2^31
-      start = start < num_tokens ? start : num_tokens;
-      const int64_t rows = count < num_tokens - start ? count : num_tokens - start;
-      write(e, start, rows);
+      // chunk_base + prefix is at most E * T: no overflow for T, E < 2^31.
+      const ExpertRows r = expert_rows(chunk_base + prefix, count, num_tokens);
+      write(e, r.start, r.rows);
     }
     __syncthreads();  // everyone has read chunk_base and scan_storage
     if (threadIdx.x == 0) chunk_base += chunk_total;

@@ -8,8 +8,9 @@
 
 #include "check.h"
 #include "cutlass_moe/cutlass_moe.h"
-#include "device_info.h"
+#include "expert_rows.hpp"
 #include "kernel_families.h"
+#include "launch_facts.h"
 #include "workspace.h"
 #include "zero_rows.h"
 
@@ -68,9 +69,6 @@ bool runs_on(Backend backend, int cc) {
   return std::find(std::begin(kSm80FamilyCcs), std::end(kSm80FamilyCcs), cc) != std::end(kSm80FamilyCcs);
 }
 
-const char* dtype_name(DType dtype) { return dtype == DType::kFloat16 ? "fp16" : "bf16"; }
-const char* layout_name(WeightLayout layout) { return layout == WeightLayout::kKN ? "kn" : "nk"; }
-
 bool is_empty(const MoeGemmProblem& p) {
   return p.num_tokens == 0 || p.num_experts == 0 || p.n == 0;
 }
@@ -84,9 +82,7 @@ bool is_built(Backend backend, const MoeGemmProblem& p) {
 // Resolves kAuto (family, then config) and finds the instance; throws kNotSupported if this build
 // lacks it or has no machine code for the device.
 const Instance& find_instance(const MoeGemmProblem& p, Backend backend, KernelConfig config, int device) {
-  const int cc = device_info(device).cc;
-  CUTLASS_MOE_CHECK_ARG(static_cast<int>(backend) >= 0 && static_cast<int>(backend) < kNumBackends,
-                        "backend: unknown value " << static_cast<int>(backend));
+  const int cc = device_facts(device).cc;
   if (backend == Backend::kAuto) {
     backend = select_backend(p, device);
     // The heuristic's family may be missing from a custom build: take the first family, in order
@@ -120,7 +116,38 @@ const Instance& find_instance(const MoeGemmProblem& p, Backend backend, KernelCo
 
 bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
+// A pointer as the error messages print it.
+std::string address(const void* ptr) {
+  std::ostringstream os;
+  os << "0x" << std::hex << reinterpret_cast<uintptr_t>(ptr);
+  return os.str();
+}
+
 }  // namespace
+
+const char* dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat16: return "fp16";
+    case DType::kBFloat16: return "bf16";
+  }
+  return "unknown";
+}
+
+const char* layout_name(WeightLayout layout) {
+  switch (layout) {
+    case WeightLayout::kKN: return "kn";
+    case WeightLayout::kNK: return "nk";
+  }
+  return "unknown";
+}
+
+const char* index_type_name(IndexType type) {
+  switch (type) {
+    case IndexType::kInt32: return "int32";
+    case IndexType::kInt64: return "int64";
+  }
+  return "unknown";
+}
 
 const char* backend_name(Backend backend) {
   switch (backend) {
@@ -145,56 +172,108 @@ const char* config_name(KernelConfig config) {
     case KernelConfig::kSm80_64x128x32_32x64_s4: return "sm80_64x128x32_32x64_s4";
     case KernelConfig::kSm80_128x128x32_64x64_s4: return "sm80_128x128x32_64x64_s4";
     case KernelConfig::kSm90Cooperative_128x256x64_1x1x1: return "sm90_cooperative_128x256x64_1x1x1";
-    case KernelConfig::kSm90Pingpong_64x256x64_2x1x1: return "sm90_pingpong_64x256x64_2x1x1";
   }
   return "unknown";
 }
 
-void check_problem(const MoeGemmProblem& p) {
+void check_layout(const MoeGemmProblem& p) {
   constexpr int64_t kMaxDim = (int64_t{1} << 31) - 1;  // CUTLASS problem shapes are int
-  CUTLASS_MOE_CHECK_ARG(p.dtype == DType::kFloat16 || p.dtype == DType::kBFloat16, "dtype: unknown value");
+  CUTLASS_MOE_CHECK_ARG(p.dtype == DType::kFloat16 || p.dtype == DType::kBFloat16,
+                        "x: unknown dtype value " << static_cast<int>(p.dtype));
   CUTLASS_MOE_CHECK_ARG(p.weight_layout == WeightLayout::kKN || p.weight_layout == WeightLayout::kNK,
-                        "weight_layout: unknown value");
+                        "weights: unknown layout value " << static_cast<int>(p.weight_layout));
   CUTLASS_MOE_CHECK_ARG(p.count_type == IndexType::kInt32 || p.count_type == IndexType::kInt64,
-                        "count_type: unknown value");
-  CUTLASS_MOE_CHECK_ARG(p.num_tokens >= 0 && p.num_tokens <= kMaxDim,
-                        "num_tokens: expected 0 <= T < 2^31, got " << p.num_tokens);
+                        "tokens_per_expert: unknown index type value " << static_cast<int>(p.count_type));
+  CUTLASS_MOE_CHECK_ARG(p.num_tokens >= 0 && p.num_tokens <= kMaxTokens,
+                        "x: T = " << p.num_tokens << " rows; expected 0 <= T <= " << kMaxTokens
+                                  << " (2^31 - 1024: 32-bit row and tile arithmetic)");
   CUTLASS_MOE_CHECK_ARG(p.num_experts >= 0 && p.num_experts <= kMaxDim,
-                        "num_experts: expected 0 <= E < 2^31, got " << p.num_experts);
-  CUTLASS_MOE_CHECK_ARG(p.n >= 0 && p.n <= kMaxDim, "n: expected 0 <= N < 2^31, got " << p.n);
-  CUTLASS_MOE_CHECK_ARG(p.k >= 0 && p.k <= kMaxDim, "k: expected 0 <= K < 2^31, got " << p.k);
+                        "weights: E = " << p.num_experts << " experts; expected 0 <= E < 2^31");
+  CUTLASS_MOE_CHECK_ARG(p.n >= 0 && p.n <= kMaxDim, "weights: N = " << p.n << "; expected 0 <= N < 2^31");
+  CUTLASS_MOE_CHECK_ARG(p.k >= 0 && p.k <= kMaxDim, "x: K = " << p.k << "; expected 0 <= K < 2^31");
   if (is_empty(p)) return;
   // TMA: 16-byte aligned base addresses and strides; CUTLASS also wants the contiguous extents in
   // whole 16-byte vectors.
-  CUTLASS_MOE_CHECK_ARG(p.k % 8 == 0, "k: expected a multiple of 8 (16 bytes), got " << p.k);
-  CUTLASS_MOE_CHECK_ARG(p.n % 8 == 0, "n: expected a multiple of 8 (16 bytes), got " << p.n);
-  CUTLASS_MOE_CHECK_ARG(p.tokens_per_expert != nullptr, "tokens_per_expert: null pointer");
-  CUTLASS_MOE_CHECK_ARG(p.out != nullptr && aligned16(p.out), "out: expected a 16-byte aligned pointer");
+  CUTLASS_MOE_CHECK_ARG(p.k % 8 == 0, "x: K = " << p.k << " must be a multiple of 8 (16 bytes, for TMA)");
+  CUTLASS_MOE_CHECK_ARG(p.n % 8 == 0, "weights: N = " << p.n << " must be a multiple of 8 (16 bytes, for TMA)");
   CUTLASS_MOE_CHECK_ARG(p.ldout >= p.n && p.ldout % 8 == 0,
-                        "ldout: expected a multiple of 8 that is >= n = " << p.n << ", got " << p.ldout);
+                        "out: row stride of " << p.ldout << " elements must be a multiple of 8 (16 bytes) and >= N = "
+                                              << p.n);
   if (p.k == 0) return;
-  CUTLASS_MOE_CHECK_ARG(p.x != nullptr && aligned16(p.x), "x: expected a 16-byte aligned pointer");
-  CUTLASS_MOE_CHECK_ARG(p.weights != nullptr && aligned16(p.weights),
-                        "weights: expected a 16-byte aligned pointer");
   CUTLASS_MOE_CHECK_ARG(p.ldx >= p.k && p.ldx % 8 == 0,
-                        "ldx: expected a multiple of 8 that is >= k = " << p.k << ", got " << p.ldx);
+                        "x: row stride of " << p.ldx << " elements must be a multiple of 8 (16 bytes) and >= K = "
+                                            << p.k);
   const int64_t inner = p.weight_layout == WeightLayout::kKN ? p.n : p.k;
   CUTLASS_MOE_CHECK_ARG(p.ldw >= inner && p.ldw % 8 == 0,
-                        "ldw: expected a multiple of 8 that is >= " << inner << ", got " << p.ldw);
+                        "weights: leading stride of " << p.ldw
+                                                      << " elements must be a multiple of 8 (16 bytes) and >= "
+                                                      << inner);
   CUTLASS_MOE_CHECK_ARG(p.expert_stride >= 0 && p.expert_stride % 8 == 0,
-                        "expert_stride: expected a non-negative multiple of 8, got " << p.expert_stride);
+                        "weights: expert stride of " << p.expert_stride
+                                                     << " elements must be a non-negative multiple of 8 (16 bytes)");
 }
 
-size_t workspace_size(const MoeGemmProblem& p, Backend backend, KernelConfig config, int device) {
-  check_problem(p);
-  if (is_empty(p) || p.k == 0) return 0;
+void check_problem(const MoeGemmProblem& p) {
+  check_layout(p);
+  if (is_empty(p)) return;
+  CUTLASS_MOE_CHECK_ARG(p.tokens_per_expert != nullptr, "tokens_per_expert: null data pointer");
+  CUTLASS_MOE_CHECK_ARG(p.out != nullptr && aligned16(p.out),
+                        "out: data pointer must be 16-byte aligned, got " << address(p.out));
+  if (p.k == 0) return;
+  CUTLASS_MOE_CHECK_ARG(p.x != nullptr && aligned16(p.x), "x: data pointer must be 16-byte aligned, got " << address(p.x));
+  CUTLASS_MOE_CHECK_ARG(p.weights != nullptr && aligned16(p.weights),
+                        "weights: data pointer must be 16-byte aligned, got " << address(p.weights));
+}
+
+std::vector<std::pair<int64_t, int64_t>> expert_row_ranges(const std::vector<int64_t>& tokens_per_expert,
+                                                           int64_t num_tokens) {
+  CUTLASS_MOE_CHECK_ARG(num_tokens >= 0, "num_tokens: expected >= 0, got " << num_tokens);
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  ranges.reserve(tokens_per_expert.size());
+  int64_t rows_before = 0;  // the running end, capped at T like the kernels' windows
+  for (int64_t count : tokens_per_expert) {
+    const ExpertRows r = expert_rows(rows_before, clamp_count(count, num_tokens), num_tokens);
+    ranges.emplace_back(r.start, r.rows);
+    rows_before = r.start + r.rows;
+  }
+  return ranges;
+}
+
+MoeGemmPlan plan_moe_gemm(const MoeGemmProblem& p, Backend backend, KernelConfig config, int device) {
+  check_layout(p);
+  CUTLASS_MOE_CHECK_ARG(static_cast<int>(backend) >= 0 && static_cast<int>(backend) < kNumBackends,
+                        "backend: unknown value " << static_cast<int>(backend));
+  CUTLASS_MOE_CHECK_ARG(static_cast<int>(config) >= -1 && static_cast<int>(config) < kNumKernelConfigs,
+                        "config: unknown value " << static_cast<int>(config));
+  MoeGemmPlan plan;
+  plan.backend = backend;
+  plan.config = config;
+  plan.device = device;
+  plan.dtype = p.dtype;
+  plan.weight_layout = p.weight_layout;
+  plan.num_tokens = p.num_tokens;
+  plan.num_experts = p.num_experts;
+  plan.n = p.n;
+  plan.k = p.k;
+  if (is_empty(p) || p.k == 0) return plan;  // nothing to multiply: no kernel instance
   const Instance& inst = find_instance(p, backend, config, device);
-  return inst.workspace_size(p.num_experts, device_info(device).sm_count);
+  plan.backend = inst.backend;
+  plan.config = inst.config;
+  plan.sm_count = device_facts(device).sm_count;
+  plan.workspace_bytes = inst.workspace_size(p.num_experts, plan.sm_count);
+  plan.instance = &inst;
+  return plan;
 }
 
-void moe_gemm(const MoeGemmProblem& p, Backend backend, KernelConfig config, void* workspace,
-              size_t workspace_bytes, cudaStream_t stream) {
+void run_moe_gemm(const MoeGemmPlan& plan, const MoeGemmProblem& p, void* workspace, size_t workspace_bytes,
+                  cudaStream_t stream) {
   check_problem(p);
+  CUTLASS_MOE_CHECK_ARG(plan.dtype == p.dtype && plan.weight_layout == p.weight_layout &&
+                            plan.num_tokens == p.num_tokens && plan.num_experts == p.num_experts && plan.n == p.n &&
+                            plan.k == p.k,
+                        "plan: made for " << dtype_name(plan.dtype) << ", weights " << layout_name(plan.weight_layout)
+                                          << ", (T, E, N, K) = (" << plan.num_tokens << ", " << plan.num_experts << ", "
+                                          << plan.n << ", " << plan.k << "), not for this problem");
   if (is_empty(p)) return;
   if (p.k == 0) {
     launch_zero_computed_rows(p, stream);
@@ -202,14 +281,25 @@ void moe_gemm(const MoeGemmProblem& p, Backend backend, KernelConfig config, voi
   }
   int device = 0;
   CUTLASS_MOE_CHECK_CUDA(cudaGetDevice(&device));
-  const Instance& inst = find_instance(p, backend, config, device);
-  const int sm_count = device_info(device).sm_count;
-  const size_t needed = inst.workspace_size(p.num_experts, sm_count);
-  CUTLASS_MOE_CHECK(workspace_bytes >= needed, Status::kWorkspaceTooSmall,
-                    "workspace: expected at least " << needed << " bytes, got " << workspace_bytes);
-  CUTLASS_MOE_CHECK_ARG(needed == 0 || reinterpret_cast<uintptr_t>(workspace) % kWorkspaceAlignment == 0,
-                        "workspace must be " << kWorkspaceAlignment << "-byte aligned");
-  inst.run(p, workspace, workspace_bytes, sm_count, stream);
+  CUTLASS_MOE_CHECK_ARG(device == plan.device,
+                        "plan: made for device " << plan.device << ", but the current device is " << device);
+  CUTLASS_MOE_CHECK(workspace_bytes >= plan.workspace_bytes, Status::kWorkspaceTooSmall,
+                    "workspace: expected at least " << plan.workspace_bytes << " bytes, got " << workspace_bytes);
+  CUTLASS_MOE_CHECK_ARG(
+      plan.workspace_bytes == 0 || reinterpret_cast<uintptr_t>(workspace) % kWorkspaceAlignment == 0,
+      "workspace: data pointer must be " << kWorkspaceAlignment << "-byte aligned, got " << address(workspace));
+  static_cast<const Instance*>(plan.instance)->run(p, workspace, workspace_bytes, plan.sm_count, stream);
+}
+
+size_t workspace_size(const MoeGemmProblem& p, Backend backend, KernelConfig config, int device) {
+  return plan_moe_gemm(p, backend, config, device).workspace_bytes;
+}
+
+void moe_gemm(const MoeGemmProblem& p, Backend backend, KernelConfig config, void* workspace,
+              size_t workspace_bytes, cudaStream_t stream) {
+  int device = 0;
+  if (!is_empty(p) && p.k > 0) CUTLASS_MOE_CHECK_CUDA(cudaGetDevice(&device));
+  run_moe_gemm(plan_moe_gemm(p, backend, config, device), p, workspace, workspace_bytes, stream);
 }
 
 std::vector<std::string> built_instances() {
@@ -222,6 +312,15 @@ std::vector<std::string> built_instances() {
   }
   return names;
 }
+
+std::vector<std::string> target_archs() {
+  std::vector<std::string> archs;
+  std::istringstream list(CUTLASS_MOE_ARCHS);
+  for (std::string arch; std::getline(list, arch, ',');) archs.push_back(arch);
+  return archs;
+}
+
+std::vector<int> sm80_family_ccs() { return {std::begin(kSm80FamilyCcs) + 1, std::end(kSm80FamilyCcs)}; }
 
 std::string build_info() {
   std::ostringstream os;

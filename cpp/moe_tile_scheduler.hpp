@@ -1,5 +1,5 @@
-// Persistent tile scheduler of the MoE families (sm90 and sm80): it sees only tokens_per_expert, T and the tile grid,
-// and finds each tile's expert, row offset and row count on the device.
+// Persistent tile scheduler of the MoE families (sm90 and sm80): it sees only tokens_per_expert, T
+// and the tile grid, and finds each tile's expert, row offset and row count on the device.
 //
 // Tiles are numbered expert-major; inside an expert, m (rows) runs fastest, then n. CTA c of a
 // grid of G takes tiles c, c + G, c + 2G, ...; at any moment the whole grid works on one run of
@@ -11,13 +11,14 @@
 // row start and its running tile total (the CUTLASS sm90 group scheduler's scheme). Tile indices
 // only grow, so the window only moves forward: O(E / 32) scans per role over the whole kernel.
 //
-// Counts are clamped exactly as cutlass_moe.h says (to [0, T], running start capped at T), so no
-// count vector can place a tile outside x or out.
+// Counts are clamped by expert_rows.hpp's rule, so no count vector places a tile outside x or out.
 #pragma once
 
 #include <cstdint>
 
 #include <cutlass/cutlass.h>
+
+#include "expert_rows.hpp"
 
 namespace cutlass_moe {
 
@@ -26,14 +27,11 @@ struct MoeTile {
   int m_tile;     // tile row inside the expert
   int n_tile;
   int row_start;  // first row of x / out the expert owns
-  int rows;       // rows the expert owns; a cluster's spare CTA can get m_tile * kTileM >= rows
+  int rows;       // rows the expert owns (> m_tile * kTileM)
   bool valid;
 };
 
-// kClusterM > 1: tiles come in column-aligned groups of kClusterM row tiles of one expert, one
-// group per cluster (CTA rank r takes row tile group * kClusterM + r), so the CTAs of a cluster
-// share the weight tile (TMA multicast). Indices then count groups, not tiles.
-template <int kTileM, int kClusterM = 1>
+template <int kTileM>
 class MoeTileScheduler {
  public:
   struct Params {
@@ -49,9 +47,8 @@ class MoeTileScheduler {
     load_window(0, 0, 0);
   }
 
-  // The tile with linear index `index` (for CTA `rank` of its cluster); indices passed in must not
-  // decrease.
-  CUTLASS_DEVICE MoeTile tile(int64_t index, int rank = 0) {
+  // The tile with linear index `index`; indices passed in must not decrease.
+  CUTLASS_DEVICE MoeTile tile(int64_t index) {
     while (true) {
       const int64_t window_tiles = __shfl_sync(0xffffffff, tiles_incl_, 31);
       if (index < window_first_tile_ + window_tiles) break;
@@ -65,12 +62,12 @@ class MoeTileScheduler {
     const int64_t tiles_incl = __shfl_sync(0xffffffff, tiles_incl_, lane);
     const int row_start = __shfl_sync(0xffffffff, row_start_, lane);
     const int rows = __shfl_sync(0xffffffff, rows_, lane);
-    const int m_groups = group_count(rows);
-    const int64_t in_expert = local - (tiles_incl - int64_t(m_groups) * params_.tiles_n);
+    const int m_tiles = tile_count(rows);
+    const int64_t in_expert = local - (tiles_incl - int64_t(m_tiles) * params_.tiles_n);
     MoeTile t;
     t.expert = window_base_ + lane;
-    t.m_tile = static_cast<int>(in_expert % m_groups) * kClusterM + rank;
-    t.n_tile = static_cast<int>(in_expert / m_groups);
+    t.m_tile = static_cast<int>(in_expert % m_tiles);
+    t.n_tile = static_cast<int>(in_expert / m_tiles);
     t.row_start = row_start;
     t.rows = rows;
     t.valid = true;
@@ -93,28 +90,21 @@ class MoeTileScheduler {
     window_base_ = base;
     window_first_tile_ = first_tile;
     const int expert = base + lane_;
-    const int64_t tokens = params_.num_tokens;
     int64_t count = 0;
     if (expert < params_.num_experts) {
-      count = params_.counts_are_int64
-                  ? static_cast<const int64_t*>(params_.tokens_per_expert)[expert]
-                  : static_cast<const int32_t*>(params_.tokens_per_expert)[expert];
-      count = count < 0 ? 0 : (count > tokens ? tokens : count);
+      count = params_.counts_are_int64 ? static_cast<const int64_t*>(params_.tokens_per_expert)[expert]
+                                       : static_cast<const int32_t*>(params_.tokens_per_expert)[expert];
+      count = clamp_count(count, params_.num_tokens);
     }
     const int64_t incl = warp_inclusive_sum(count, lane_);
-    int64_t start = rows_before + incl - count;
-    start = start < tokens ? start : tokens;
-    const int64_t rows = count < tokens - start ? count : tokens - start;
-    row_start_ = static_cast<int>(start);
-    rows_ = static_cast<int>(rows);
-    const int64_t tiles = int64_t(group_count(static_cast<int>(rows))) * params_.tiles_n;
-    tiles_incl_ = warp_inclusive_sum(tiles, lane_);
+    const ExpertRows r = expert_rows(rows_before + incl - count, count, params_.num_tokens);
+    row_start_ = static_cast<int>(r.start);
+    rows_ = static_cast<int>(r.rows);
+    tiles_incl_ = warp_inclusive_sum(int64_t(tile_count(rows_)) * params_.tiles_n, lane_);
   }
 
-  // Groups of kClusterM row tiles that cover `rows`.
-  CUTLASS_DEVICE static int group_count(int rows) {
-    return (rows + kTileM * kClusterM - 1) / (kTileM * kClusterM);
-  }
+  // Row tiles that cover `rows` (rows + kTileM - 1 fits in an int: T <= kMaxTokens).
+  CUTLASS_DEVICE static int tile_count(int rows) { return (rows + kTileM - 1) / kTileM; }
 
   Params params_;
   int lane_;
@@ -126,15 +116,11 @@ class MoeTileScheduler {
   int64_t tiles_incl_ = 0;  // tiles of the window's experts up to and including this lane's
 };
 
-// CTAs of a persistent MoE kernel: `slots` CTAs (SMs x CTAs per SM), or fewer when there are
-// fewer tile groups, in whole clusters of cluster_m. Each expert adds at most one partial group,
-// which bounds the group count above.
-inline int persistent_grid(int64_t slots, int64_t num_tokens, int64_t num_experts, int64_t tiles_n, int tile_m,
-                           int cluster_m = 1) {
-  const int64_t group_rows = int64_t(tile_m) * cluster_m;
-  const int64_t max_groups = ((num_tokens + group_rows - 1) / group_rows + num_experts) * tiles_n;
-  const int64_t clusters = max_groups < slots / cluster_m ? max_groups : slots / cluster_m;
-  return static_cast<int>(clusters * cluster_m);
+// CTAs of a persistent MoE kernel: `slots` CTAs (SMs x CTAs per SM), or fewer when there are fewer
+// tiles. Each expert adds at most one partial row tile, which bounds the tile count above.
+inline int persistent_grid(int64_t slots, int64_t num_tokens, int64_t num_experts, int64_t tiles_n, int tile_m) {
+  const int64_t max_tiles = ((num_tokens + tile_m - 1) / tile_m + num_experts) * tiles_n;
+  return static_cast<int>(max_tiles < slots ? max_tiles : slots);
 }
 
 }  // namespace cutlass_moe

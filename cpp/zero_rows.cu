@@ -3,6 +3,7 @@
 #include "zero_rows.h"
 
 #include "check.h"
+#include "expert_rows.hpp"
 #include "launch.h"
 
 namespace cutlass_moe {
@@ -11,15 +12,15 @@ namespace {
 template <class Count>
 __global__ void zero_computed_rows(const Count* __restrict__ tokens_per_expert, int64_t num_experts,
                                    int64_t num_tokens, uint16_t* out, int64_t n, int64_t ldout) {
-  // Rows written = min(sum of clamped counts, T); one thread sums (E is small next to T * N).
+  // The rows written end where the last expert's rows end; one thread walks the experts (E is
+  // small next to T * N).
   __shared__ int64_t rows;
   if (threadIdx.x == 0) {
-    int64_t total = 0;
-    for (int64_t e = 0; e < num_experts && total < num_tokens; ++e) {
-      int64_t c = static_cast<int64_t>(tokens_per_expert[e]);
-      total += c < 0 ? 0 : (c > num_tokens ? num_tokens : c);
+    ExpertRows last{0, 0};
+    for (int64_t e = 0; e < num_experts && last.start + last.rows < num_tokens; ++e) {
+      last = expert_rows(last.start + last.rows, clamp_count(tokens_per_expert[e], num_tokens), num_tokens);
     }
-    rows = total < num_tokens ? total : num_tokens;
+    rows = last.start + last.rows;
   }
   __syncthreads();
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {

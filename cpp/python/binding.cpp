@@ -10,10 +10,9 @@ using namespace cutlass_moe;
 
 namespace {
 
-MoeGemmProblem make_problem(int dtype, int weight_layout, int count_type, int64_t num_tokens,
-                            int64_t num_experts, int64_t n, int64_t k, uintptr_t x, int64_t ldx,
-                            uintptr_t weights, int64_t ldw, int64_t expert_stride, uintptr_t out,
-                            int64_t ldout, uintptr_t tokens_per_expert) {
+// A problem from sizes and strides; pointers are filled in by the caller where it has them.
+MoeGemmProblem make_problem(int dtype, int weight_layout, int count_type, int64_t num_tokens, int64_t num_experts,
+                            int64_t n, int64_t k, int64_t ldx, int64_t ldw, int64_t expert_stride, int64_t ldout) {
   MoeGemmProblem p;
   p.dtype = static_cast<DType>(dtype);
   p.weight_layout = static_cast<WeightLayout>(weight_layout);
@@ -22,15 +21,18 @@ MoeGemmProblem make_problem(int dtype, int weight_layout, int count_type, int64_
   p.num_experts = num_experts;
   p.n = n;
   p.k = k;
-  p.x = reinterpret_cast<const void*>(x);
   p.ldx = ldx;
-  p.weights = reinterpret_cast<const void*>(weights);
   p.ldw = ldw;
   p.expert_stride = expert_stride;
-  p.out = reinterpret_cast<void*>(out);
   p.ldout = ldout;
-  p.tokens_per_expert = reinterpret_cast<const void*>(tokens_per_expert);
   return p;
+}
+
+template <class Enum, class NameOf>
+py::dict enum_values(int first, int count, NameOf name_of) {
+  py::dict names;  // name -> value
+  for (int v = first; v < count; ++v) names[name_of(static_cast<Enum>(v))] = v;
+  return names;
 }
 
 }  // namespace
@@ -39,7 +41,8 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "cutlass_moe compiled core (torch-free): pointers, sizes and a CUDA stream";
 
   // Bad arguments reach Python as ValueError, a missing kernel as NotImplementedError, the rest
-  // (CUDA and CUTLASS failures) as RuntimeError. Each message carries the C++ file and line.
+  // (CUDA and CUTLASS failures) as RuntimeError. Each message names the argument first and ends
+  // with the C++ file and line.
   py::register_exception_translator([](std::exception_ptr ptr) {
     try {
       if (ptr) std::rethrow_exception(ptr);
@@ -52,26 +55,50 @@ PYBIND11_MODULE(_C, m) {
     }
   });
 
-  m.def("moe_gemm",
-        [](int dtype, int weight_layout, int count_type, int64_t num_tokens, int64_t num_experts,
-           int64_t n, int64_t k, uintptr_t x, int64_t ldx, uintptr_t weights, int64_t ldw,
-           int64_t expert_stride, uintptr_t out, int64_t ldout, uintptr_t tokens_per_expert,
-           int backend, int config, uintptr_t workspace, size_t workspace_bytes, uintptr_t stream) {
-          MoeGemmProblem p = make_problem(dtype, weight_layout, count_type, num_tokens, num_experts, n, k, x,
-                                          ldx, weights, ldw, expert_stride, out, ldout, tokens_per_expert);
-          moe_gemm(p, static_cast<Backend>(backend), static_cast<KernelConfig>(config),
-                   reinterpret_cast<void*>(workspace), workspace_bytes, reinterpret_cast<cudaStream_t>(stream));
-        });
+  // The enums of cutlass_moe.h, name -> value.
+  m.def("dtypes", [] { return enum_values<DType>(0, kNumDTypes, dtype_name); });
+  m.def("layouts", [] { return enum_values<WeightLayout>(0, kNumWeightLayouts, layout_name); });
+  m.def("index_types", [] { return enum_values<IndexType>(0, kNumIndexTypes, index_type_name); });
+  m.def("backend_names", [] { return enum_values<Backend>(0, kNumBackends, backend_name); });
+  m.def("config_names", [] { return enum_values<KernelConfig>(-1, kNumKernelConfigs, config_name); });
+  m.attr("MAX_TOKENS") = kMaxTokens;
 
-  m.def("workspace_size",
+  // check_layout: sizes, strides, dtype and layout, no pointers (torch fake tensors can be checked).
+  m.def("check_layout", [](int dtype, int weight_layout, int count_type, int64_t num_tokens, int64_t num_experts,
+                           int64_t n, int64_t k, int64_t ldx, int64_t ldw, int64_t expert_stride, int64_t ldout) {
+    check_layout(make_problem(dtype, weight_layout, count_type, num_tokens, num_experts, n, k, ldx, ldw,
+                              expert_stride, ldout));
+  });
+
+  py::class_<MoeGemmPlan>(m, "Plan", "A problem shape resolved to a kernel instance (plan_moe_gemm)")
+      .def_property_readonly("backend", [](const MoeGemmPlan& p) { return backend_name(p.backend); })
+      .def_property_readonly("config", [](const MoeGemmPlan& p) { return config_name(p.config); })
+      .def_readonly("workspace_bytes", &MoeGemmPlan::workspace_bytes)
+      .def_readonly("device", &MoeGemmPlan::device);
+
+  m.def("plan",
         [](int dtype, int weight_layout, int64_t num_tokens, int64_t num_experts, int64_t n, int64_t k,
            int backend, int config, int device) {
-          // Only the sizes matter for the workspace; stand-in pointers and strides that pass check_problem.
-          const uintptr_t stand_in = 256;
+          // The natural strides: the plan does not depend on them (run checks the real ones).
           const int64_t ldw = static_cast<WeightLayout>(weight_layout) == WeightLayout::kKN ? n : k;
-          MoeGemmProblem p = make_problem(dtype, weight_layout, /*count_type=*/0, num_tokens, num_experts, n, k,
-                                          stand_in, k, stand_in, ldw, 0, stand_in, n, stand_in);
-          return workspace_size(p, static_cast<Backend>(backend), static_cast<KernelConfig>(config), device);
+          MoeGemmProblem p = make_problem(dtype, weight_layout, 0, num_tokens, num_experts, n, k, k, ldw,
+                                          ldw * (ldw == n ? k : n), n);
+          return plan_moe_gemm(p, static_cast<Backend>(backend), static_cast<KernelConfig>(config), device);
+        });
+
+  m.def("run",
+        [](const MoeGemmPlan& plan, int count_type, uintptr_t x, int64_t ldx, uintptr_t weights, int64_t ldw,
+           int64_t expert_stride, uintptr_t out, int64_t ldout, uintptr_t tokens_per_expert, uintptr_t workspace,
+           size_t workspace_bytes, uintptr_t stream) {
+          MoeGemmProblem p = make_problem(static_cast<int>(plan.dtype), static_cast<int>(plan.weight_layout),
+                                          count_type, plan.num_tokens, plan.num_experts, plan.n, plan.k, ldx, ldw,
+                                          expert_stride, ldout);
+          p.x = reinterpret_cast<const void*>(x);
+          p.weights = reinterpret_cast<const void*>(weights);
+          p.out = reinterpret_cast<void*>(out);
+          p.tokens_per_expert = reinterpret_cast<const void*>(tokens_per_expert);
+          run_moe_gemm(plan, p, reinterpret_cast<void*>(workspace), workspace_bytes,
+                       reinterpret_cast<cudaStream_t>(stream));
         });
 
   // The heuristics' picks for these sizes: (backend, config), with backend kAuto resolved first.
@@ -85,17 +112,14 @@ PYBIND11_MODULE(_C, m) {
     if (b == Backend::kAuto) b = select_backend(p, device);
     return std::make_pair(static_cast<int>(b), static_cast<int>(select_config(p, b, device)));
   });
-  m.def("backend_names", [] {
-    py::dict names;  // name -> Backend value
-    for (int b = 0; b < kNumBackends; ++b) names[backend_name(static_cast<Backend>(b))] = b;
-    return names;
-  });
 
-  m.def("config_names", [] {
-    py::dict names;  // name -> KernelConfig value, "auto" included
-    for (int c = -1; c < kNumKernelConfigs; ++c) names[config_name(static_cast<KernelConfig>(c))] = c;
-    return names;
+  m.def("expert_row_ranges", [](const std::vector<int64_t>& counts, int64_t num_tokens) {
+    std::vector<std::pair<int64_t, int64_t>> ranges;  // (start, stop), as the Python reference gives them
+    for (auto [start, rows] : expert_row_ranges(counts, num_tokens)) ranges.emplace_back(start, start + rows);
+    return ranges;
   });
   m.def("built_instances", &built_instances);
+  m.def("target_archs", &target_archs);
+  m.def("sm80_family_ccs", &sm80_family_ccs);
   m.def("build_info", &build_info);
 }

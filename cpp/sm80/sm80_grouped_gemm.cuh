@@ -15,6 +15,7 @@
 #include "expert_ranges.cuh"
 #include "kernel_families.h"
 #include "launch.h"
+#include "launch_facts.h"
 #include "sm80/sm80_common.cuh"
 #include "workspace.h"
 
@@ -73,13 +74,6 @@ typename K::Gemm::Arguments make_arguments(const GroupedArrays& a, int64_t num_e
                                      /*ptr_C=*/ptr_d, ptr_d, a.lda, a.ldb, /*ldc=*/a.ldd, a.ldd);
 }
 
-// CTAs per SM for this kernel, queried once.
-template <class K>
-int blocks_per_sm() {
-  static const int blocks = K::Gemm::maximum_active_blocks();
-  return blocks;
-}
-
 template <DType kDType, WeightLayout kLayout, KernelConfig kConfig>
 size_t GroupedGemmInstance<kDType, kLayout, kConfig>::workspace_size(int64_t num_experts, int sm_count) {
   using K = GroupedGemmKernel<kDType, kLayout, kConfig>;
@@ -104,8 +98,12 @@ void GroupedGemmInstance<kDType, kLayout, kConfig>::run(const MoeGemmProblem& p,
   });
   CUTLASS_MOE_CHECK_CUDA(cudaGetLastError());
 
-  const int blocks = blocks_per_sm<K>();
-  CUTLASS_MOE_CHECK(blocks > 0, Status::kNotSupported, "sm80 grouped kernel does not fit on this device");
+  int device = 0;
+  CUTLASS_MOE_CHECK_CUDA(cudaGetDevice(&device));
+  using GemmKernel = typename K::Gemm::GemmKernel;
+  const int blocks = resident_ctas_per_sm(reinterpret_cast<const void*>(&cutlass::Kernel<GemmKernel>),
+                                          GemmKernel::kThreadCount,
+                                          static_cast<int>(sizeof(typename GemmKernel::SharedStorage)), device);
   run_device_gemm<typename K::Gemm>(make_arguments<K>(arrays, p.num_experts, sm_count * blocks), carver.rest(),
                                     stream);
 }

@@ -10,6 +10,8 @@
 // new counts.
 #pragma once
 
+#include "sm90/sm90_tma_encode.hpp"  // first: routes every TMA encode through a checked call
+
 #include <cute/tensor.hpp>
 #include <cutlass/cutlass.h>
 #include <cutlass/epilogue/collective/collective_builder.hpp>

@@ -12,34 +12,42 @@
 //   rows[e]   = min(count'[e], T - start[e])
 // Expert e reads x rows [start[e], start[e] + rows[e]) and writes the same rows of out. Rows of out
 // past start[E-1] + rows[E-1] are left unwritten. No count vector can make a kernel touch memory
-// outside x, weights or out.
+// outside x, weights or out. expert_row_ranges() below applies the same rule on the host.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <cuda_runtime_api.h>
 
 namespace cutlass_moe {
 
+// The most rows x and out may have: every kernel's 32-bit row and tile arithmetic (T + 1,
+// rows + tile - 1, TMA coordinates) stays below 2^31 with room to spare.
+constexpr int64_t kMaxTokens = (int64_t{1} << 31) - 1024;
+
 enum class DType : int {
   kFloat16 = 0,
   kBFloat16 = 1,
 };
+constexpr int kNumDTypes = 2;
 
 enum class IndexType : int {
   kInt32 = 0,
   kInt64 = 1,
 };
+constexpr int kNumIndexTypes = 2;
 
 // Memory layout of one expert's weight matrix, which is logically K x N.
 enum class WeightLayout : int {
   kKN = 0,  // (E, K, N): N is contiguous (row-major K x N).
   kNK = 1,  // (E, N, K): K is contiguous, the nn.Linear layout (x @ W.T).
 };
+constexpr int kNumWeightLayouts = 2;
 
 // Kernel families.
 enum class Backend : int {
@@ -65,9 +73,8 @@ enum class KernelConfig : int {
   kSm80_64x128x32_32x64_s4 = 6,   // small M per expert (decode)
   kSm80_128x128x32_64x64_s4 = 7,  // large M per expert (prefill)
   kSm90Cooperative_128x256x64_1x1x1 = 8,
-  kSm90Pingpong_64x256x64_2x1x1 = 9,  // MoE family: 2-CTA clusters share each weight tile
 };
-constexpr int kNumKernelConfigs = 10;  // configs 0 .. kNumKernelConfigs - 1
+constexpr int kNumKernelConfigs = 9;  // configs 0 .. kNumKernelConfigs - 1
 
 enum class Status : int {
   kSuccess = 0,
@@ -112,9 +119,19 @@ struct MoeGemmProblem {
   const void* tokens_per_expert = nullptr;  // E counts on the device, count_type
 };
 
-// Checks the sizes, pointers and strides the kernels need (16-byte alignment for TMA and so on).
-// Throws Error(kInvalidArgument) naming the field.
+// Checks the enums, sizes and strides the kernels need (16-byte multiples for TMA and so on), not
+// the pointers: what a shape-only caller (a workspace query, a torch fake tensor) can be checked
+// for. Throws Error(kInvalidArgument) whose message starts with the argument's name in the Python
+// API ("x: ...", "weights: ...", "out: ...", "tokens_per_expert: ...").
+void check_layout(const MoeGemmProblem& problem);
+
+// check_layout, then the pointers (non-null, 16-byte aligned).
 void check_problem(const MoeGemmProblem& problem);
+
+// The rows [start, start + rows) each expert owns, by the count rule above, computed on the host
+// with the function the kernels use on the device.
+std::vector<std::pair<int64_t, int64_t>> expert_row_ranges(const std::vector<int64_t>& tokens_per_expert,
+                                                           int64_t num_tokens);
 
 // The family and configuration the heuristics pick from what the host knows: the device's
 // architecture, T/E, N and K (never the counts). select_config answers for a given (resolved)
@@ -122,19 +139,53 @@ void check_problem(const MoeGemmProblem& problem);
 Backend select_backend(const MoeGemmProblem& problem, int device);
 KernelConfig select_config(const MoeGemmProblem& problem, Backend backend, int device);
 
-// Workspace bytes for `problem` with `backend` and `config` (kAuto resolves through the
-// heuristics) on `device`. The kMoe family needs none.
+// A problem shape resolved once: the family, the config and the kernel instance (kAuto resolved
+// through the heuristics), and the workspace it needs. Make one per shape with plan_moe_gemm (which
+// reads no pointer) and run it with run_moe_gemm on any tensors of that shape: repeated calls then
+// skip the resolution.
+struct MoeGemmPlan {
+  Backend backend = Backend::kAuto;           // resolved family
+  KernelConfig config = KernelConfig::kAuto;  // resolved config
+  size_t workspace_bytes = 0;                 // 256-byte aligned workspace run_moe_gemm needs
+  int device = -1;
+  int sm_count = 0;
+
+  // The shape it was made for (run_moe_gemm checks the problem against it).
+  DType dtype = DType::kBFloat16;
+  WeightLayout weight_layout = WeightLayout::kKN;
+  int64_t num_tokens = 0, num_experts = 0, n = 0, k = 0;
+  const void* instance = nullptr;  // the dispatcher's kernel instance; null when nothing is multiplied
+};
+
+// Resolves `backend` and `config` for the shape, dtype and layout of `problem` on `device`
+// (check_layout: pointers are not read). Throws kNotSupported if this build has no such kernel for
+// the device.
+MoeGemmPlan plan_moe_gemm(const MoeGemmProblem& problem, Backend backend, KernelConfig config, int device);
+
+// Runs out = x @ weights per expert on `stream`, on the current device, which must be the plan's.
+// workspace must hold plan.workspace_bytes and be 256-byte aligned; its contents need not be
+// initialized. Never synchronizes, never allocates.
+void run_moe_gemm(const MoeGemmPlan& plan, const MoeGemmProblem& problem, void* workspace, size_t workspace_bytes,
+                  cudaStream_t stream);
+
+// plan_moe_gemm(...).workspace_bytes.
 size_t workspace_size(const MoeGemmProblem& problem, Backend backend, KernelConfig config, int device);
 
-// Runs out = x @ weights per expert on `stream`. workspace must hold workspace_size() bytes and be
-// 256-byte aligned; its contents need not be initialized. Never synchronizes, never allocates.
+// plan_moe_gemm on the current device, then run_moe_gemm.
 void moe_gemm(const MoeGemmProblem& problem, Backend backend, KernelConfig config, void* workspace,
               size_t workspace_bytes, cudaStream_t stream);
 
-// What this build holds.
+// Names of the enum values, as the Python API spells them.
 const char* backend_name(Backend backend);
 const char* config_name(KernelConfig config);
+const char* dtype_name(DType dtype);              // "fp16", "bf16"
+const char* layout_name(WeightLayout layout);     // "kn", "nk"
+const char* index_type_name(IndexType type);      // "int32", "int64"
+
+// What this build holds.
 std::vector<std::string> built_instances();  // "sm90:<family>:<dtype>:<layout>:<config>" entries
+std::vector<std::string> target_archs();     // CUTLASS_MOE_ARCHS as built: "80", "86", "89", "90a"
+std::vector<int> sm80_family_ccs();          // compute capabilities the sm80 families have code for
 std::string build_info();                    // CUDA, CUTLASS and arch versions, one line
 
 }  // namespace cutlass_moe

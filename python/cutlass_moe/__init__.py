@@ -9,12 +9,13 @@ from __future__ import annotations
 from typing import Dict, List
 
 from . import _C
-from .ops import moe_gemm, select_config
+from .ops import MAX_TOKENS, moe_gemm, select_config
 from .reference import expert_row_ranges, moe_gemm_reference
 
 __version__ = "0.1.0"
 
-__all__ = ["moe_gemm", "moe_gemm_reference", "expert_row_ranges", "select_config", "built_configs", "build_info"]
+__all__ = ["moe_gemm", "moe_gemm_reference", "expert_row_ranges", "select_config", "built_configs", "build_info",
+           "MAX_TOKENS"]
 
 
 def built_configs() -> List[str]:
@@ -23,5 +24,7 @@ def built_configs() -> List[str]:
 
 
 def build_info() -> Dict[str, object]:
-    """What the compiled core was built with: versions, archs and kernel instances."""
-    return {"version": __version__, "summary": _C.build_info(), "instances": built_configs()}
+    """What the compiled core was built with: versions, target archs (CUTLASS_MOE_ARCHS), the compute
+    capabilities the sm80 families have machine code for, and the kernel instances."""
+    return {"version": __version__, "summary": _C.build_info(), "instances": built_configs(),
+            "archs": list(_C.target_archs()), "sm80_family_ccs": list(_C.sm80_family_ccs())}

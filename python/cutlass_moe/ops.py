@@ -9,16 +9,15 @@ import torch
 from . import _C
 from .reference import moe_gemm_reference
 
-# Enum values of the C++ API (include/cutlass_moe/cutlass_moe.h).
-_DTYPES = {torch.float16: 0, torch.bfloat16: 1}
-_COUNT_TYPES = {torch.int32: 0, torch.int64: 1}
-_LAYOUT_KN, _LAYOUT_NK = 0, 1
+# Enum values and limits of the C++ API (include/cutlass_moe/cutlass_moe.h), read from the build.
+_DTYPES = {torch.float16: _C.dtypes()["fp16"], torch.bfloat16: _C.dtypes()["bf16"]}
+_COUNT_TYPES = {torch.int32: _C.index_types()["int32"], torch.int64: _C.index_types()["int64"]}
+_LAYOUTS = dict(_C.layouts())  # "kn": (E, K, N) storage, N contiguous; "nk": (E, N, K), K contiguous
 _CONFIGS = dict(_C.config_names())  # name -> value, "auto" -> -1
-_BACKENDS = dict(_C.backend_names())  # "auto", "grouped", "moe" -> value
+_BACKENDS = dict(_C.backend_names())  # "auto", "grouped", "moe", ... -> value
 _BACKEND_NAMES = {value: name for name, value in _BACKENDS.items()}
 _CONFIG_NAMES = {value: name for name, value in _CONFIGS.items()}
-
-_ALIGN_BYTES = 16  # TMA wants 16-byte aligned addresses and strides
+MAX_TOKENS = _C.MAX_TOKENS  # rows of x and out the kernels take (2^31 - 1024)
 
 
 def _check_tensor(name: str, t, ndim: int) -> None:
@@ -37,28 +36,16 @@ def _weight_layout(weights: torch.Tensor, trans_b: bool) -> Tuple[int, int]:
     _, s1, s2 = weights.stride()
     # The tensor is (E, K, N) for trans_b=False and (E, N, K) for trans_b=True.
     if s2 == 1:
-        return (_LAYOUT_NK if trans_b else _LAYOUT_KN), s1
+        return _LAYOUTS["nk" if trans_b else "kn"], s1
     if s1 == 1:
-        return (_LAYOUT_KN if trans_b else _LAYOUT_NK), s2
+        return _LAYOUTS["kn" if trans_b else "nk"], s2
     raise ValueError(
         f"weights: one of the last two dimensions must be contiguous (stride 1), got strides "
         f"{tuple(weights.stride())} for shape {tuple(weights.shape)}")
 
 
-def _check_aligned(name: str, t: torch.Tensor, strides) -> None:
-    if t.data_ptr() % _ALIGN_BYTES:
-        raise ValueError(f"{name}: data pointer must be {_ALIGN_BYTES}-byte aligned, got 0x{t.data_ptr():x}")
-    elem = t.element_size()
-    for what, stride in strides:
-        if (stride * elem) % _ALIGN_BYTES:
-            raise ValueError(
-                f"{name}: {what} of {stride} elements is not a multiple of {_ALIGN_BYTES} bytes")
-
-
-@functools.lru_cache(maxsize=4096)
-def _workspace_size(dtype: int, layout: int, t: int, e: int, n: int, k: int, backend: int, config: int,
-                    device: int) -> int:
-    return _C.workspace_size(dtype, layout, t, e, n, k, backend, config, device)
+# One plan per problem shape: the kernel instance is resolved once, not on every call.
+_plan = functools.lru_cache(maxsize=4096)(_C.plan)
 
 
 def select_config(num_tokens: int, num_experts: int, n: int, k: int, backend: str = "auto",
@@ -181,40 +168,36 @@ def moe_gemm(
 
 
 def _moe_gemm_cuda(x, weights, tokens_per_expert, trans_b, out, backend, config, num_tokens, num_experts, n, k):
+    # Python derives the layout and the strides; the C++ core checks them (sizes, 16-byte multiples,
+    # pointers) and raises ValueError naming the argument.
+    if k > 0 and x.stride(1) != 1:
+        raise ValueError(f"x: the last dimension must be contiguous, got strides {tuple(x.stride())}")
+    if out is not None and n > 0 and out.stride(1) != 1:
+        raise ValueError(f"out: the last dimension must be contiguous, got strides {tuple(out.stride())}")
+    if k > 0 and num_experts > 0 and n > 0:
+        layout, ldw = _weight_layout(weights, trans_b)
+    else:
+        layout, ldw = _LAYOUTS["nk" if trans_b else "kn"], n
+    device = x.device.index
+    plan = _plan(_DTYPES[x.dtype], layout, num_tokens, num_experts, n, k, _BACKENDS[backend], _CONFIGS[config], device)
     if out is None:
         out = torch.empty(num_tokens, n, dtype=x.dtype, device=x.device)
     if num_tokens == 0 or num_experts == 0 or n == 0:
         return out
-    if k > 0 and x.stride(1) != 1:
-        raise ValueError(f"x: the last dimension must be contiguous, got strides {tuple(x.stride())}")
-    if out.stride(1) != 1:
-        raise ValueError(f"out: the last dimension must be contiguous, got strides {tuple(out.stride())}")
-    if k % 8 or n % 8:
-        raise ValueError(f"x/weights: K = {k} and N = {n} must be multiples of 8 (16 bytes, for TMA)")
-    layout, ldw = _weight_layout(weights, trans_b) if k > 0 else (_LAYOUT_NK if trans_b else _LAYOUT_KN, n)
-    expert_stride = weights.stride(0) if num_experts > 1 else 0
-    ldx = x.stride(0) if num_tokens > 1 else k
-    ldout = out.stride(0) if num_tokens > 1 else n
-    _check_aligned("out", out, [("row stride", ldout)])
-    if k > 0:
-        _check_aligned("x", x, [("row stride", ldx)])
-        _check_aligned("weights", weights, [("leading stride", ldw), ("expert stride", expert_stride)])
-
     counts = tokens_per_expert
     if counts.device != x.device:
         counts = counts.to(x.device, non_blocking=True)
-    dtype = _DTYPES[x.dtype]
-    backend_id, config_id = _BACKENDS[backend], _CONFIGS[config]
-    device = x.device.index
-    ws_bytes = _workspace_size(dtype, layout, num_tokens, num_experts, n, k, backend_id, config_id, device)
+    ws_bytes = plan.workspace_bytes
     workspace = torch.empty(ws_bytes, dtype=torch.uint8, device=x.device) if ws_bytes else None
-    args = (dtype, layout, _COUNT_TYPES[counts.dtype], num_tokens, num_experts, n, k,
-            x.data_ptr(), ldx, weights.data_ptr(), ldw, expert_stride, out.data_ptr(), ldout,
-            counts.data_ptr(), backend_id, config_id, workspace.data_ptr() if ws_bytes else 0, ws_bytes,
+    args = (plan, _COUNT_TYPES[counts.dtype],
+            x.data_ptr(), x.stride(0) if num_tokens > 1 else k,
+            weights.data_ptr(), ldw, weights.stride(0) if num_experts > 1 else 0,
+            out.data_ptr(), out.stride(0) if num_tokens > 1 else n,
+            counts.data_ptr(), workspace.data_ptr() if ws_bytes else 0, ws_bytes,
             torch.cuda.current_stream(device).cuda_stream)
     if device == torch.cuda.current_device():
-        _C.moe_gemm(*args)
+        _C.run(*args)
     else:  # the core launches on the current device
         with torch.cuda.device(device):
-            _C.moe_gemm(*args)
+            _C.run(*args)
     return out

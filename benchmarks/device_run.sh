@@ -4,7 +4,8 @@
 #
 # To run (from the device tool, carrying .whl): bash benchmarks/device_run.sh [pytest args...]
 #   Env: BUILD_DEFINES="-C cmake.define.X=Y ..." extra build options; BENCH_ARGS extra bench options;
-#        SKIP_TESTS=1, SKIP_BENCH=1, SANITIZE=1 (compute-sanitizer memcheck on the clamping tests).
+#        SKIP_TESTS=1, SKIP_BENCH=1, SANITIZE=1 (benchmarks/sanitize.sh: memcheck, initcheck, synccheck
+#        and racecheck over every built kernel).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-device_out}
@@ -26,8 +27,7 @@ if [ -z "${SKIP_TESTS:-}" ]; then
   python3 -m pytest "$src/tests" -q -x "$@" 2>&1 | tee "$OUT/tests.log" | tail -15
 fi
 if [ -n "${SANITIZE:-}" ]; then
-  compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest "$src/tests/test_gpu.py" -q -x \
-    -k "clamped or k_zero or zero_tokens" 2>&1 | tail -8 | tee "$OUT/sanitizer.log"
+  (cd "$src" && OUT="$OUT" bash benchmarks/sanitize.sh)  # from the repo root, like the build
 fi
 if [ -z "${SKIP_BENCH:-}" ]; then
   python3 "$src/benchmarks/host_overhead.py" 2>&1 | tee "$OUT/host_overhead.log"

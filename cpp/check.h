@@ -11,9 +11,11 @@
 
 namespace cutlass_moe::detail {
 
+// The message starts with what it is about (for argument errors, the argument's name, e.g.
+// "x: K = 60 must be ...") and ends with where it was raised.
 [[noreturn]] inline void throw_error(Status status, const char* file, int line, const std::string& msg) {
   std::ostringstream os;
-  os << "cutlass_moe: " << msg << " (" << file << ":" << line << ")";
+  os << msg << " [cutlass_moe " << file << ":" << line << "]";
   throw Error(status, os.str());
 }
 

@@ -1,5 +1,7 @@
 """Shared fixtures and GPU markers. GPU tests are skipped with a reason where there is no GPU;
 they never pass without running."""
+import functools
+
 import pytest
 import torch
 
@@ -11,21 +13,63 @@ requires_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 requires_sm90 = pytest.mark.skipif(not IS_SM90, reason="needs an sm90 (Hopper) GPU for the sm90a kernels")
 
 
-def _sm80_family_ccs():
-    """Compute capabilities this build's sm80 families have machine code for (from build_info)."""
+@functools.lru_cache(maxsize=None)
+def _build_info():
     import cutlass_moe
-    summary = cutlass_moe.build_info()["summary"]
-    archs = summary.split("sm80 families for ")[-1]
+    return cutlass_moe.build_info()
+
+
+def _sm80_family_ccs():
+    """Compute capabilities this build's sm80 families have machine code for: build_info()'s
+    "sm80_family_ccs", or, from a core that does not report it, parsed off its summary."""
+    info = _build_info()
+    if "sm80_family_ccs" in info:
+        return {int(cc) for cc in info["sm80_family_ccs"]}
+    archs = info["summary"].split("sm80 families for ")[-1]
     return {int(a.strip()[3:]) for a in archs.split(",") if a.strip().startswith("sm_")}
 
 
+@functools.lru_cache(maxsize=None)
+def built_instances():
+    """This build's kernel instances as (arch, backend, dtype, layout, config) tuples."""
+    import cutlass_moe
+    return tuple(tuple(name.split(":")) for name in cutlass_moe.built_configs())
+
+
+_SM90_BACKENDS = ("grouped", "moe")
+_SM80_BACKENDS = ("sm80_grouped", "sm80_moe")
+DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
 def runs_here(backend: str) -> bool:
-    """Whether `backend` has kernels for this GPU in this build ("auto": any family)."""
+    """Whether `backend` has kernels for this GPU in this build ("auto": any family). The sm90
+    families need an sm90 GPU and a build with 90a (CUTLASS_MOE_ARCHS); the sm80 families a GPU
+    whose compute capability they were built for; and each family at least one instance (a
+    custom build may leave a family's config list empty)."""
     if not HAS_CUDA:
         return False
-    sm90 = DEVICE_CC == 90
-    sm80 = DEVICE_CC in _sm80_family_ccs()
-    return {"grouped": sm90, "moe": sm90, "sm80_grouped": sm80, "sm80_moe": sm80}.get(backend, sm90 or sm80)
+    if backend not in _SM90_BACKENDS + _SM80_BACKENDS:
+        return any(runs_here(b) for b in _SM90_BACKENDS + _SM80_BACKENDS)
+    arch_ok = DEVICE_CC == 90 if backend in _SM90_BACKENDS else DEVICE_CC in _sm80_family_ccs()
+    return arch_ok and any(inst[1] == backend for inst in built_instances())
+
+
+def is_built(backend: str, dtype: torch.dtype, layout: str, config: str = "auto") -> bool:
+    """Whether this build has a kernel of `backend` ("auto": any family that runs here) for `dtype`
+    and the weight `layout` ("kn" or "nk": how each K x N matrix is stored) and, unless "auto",
+    `config`. A custom build (CUTLASS_MOE_DTYPES, CUTLASS_MOE_WEIGHT_LAYOUTS, the config lists) may
+    lack any of them."""
+    families = [backend] if backend != "auto" else [b for b in _SM90_BACKENDS + _SM80_BACKENDS if runs_here(b)]
+    wanted = (DTYPE_NAMES[dtype], layout)
+    return any(inst[1] in families and tuple(inst[2:4]) == wanted and config in ("auto", inst[4])
+               for inst in built_instances())
+
+
+def skip_unless_built(backend: str, dtype: torch.dtype, layout: str, config: str = "auto") -> None:
+    """pytest.skip, saying why, unless is_built(backend, dtype, layout, config)."""
+    if not is_built(backend, dtype, layout, config):
+        pytest.skip(f"this build has no {backend} kernel for {DTYPE_NAMES[dtype]}, {layout} weights"
+                    + ("" if config == "auto" else f", config {config}"))
 
 
 def backend_param(backend: str, *values):

@@ -1,15 +1,25 @@
 """Tests that run everywhere (CI has no GPU): argument checking, the reference path, layout
-handling, the heuristic, the compiled module, and the benchmark's behaviour without a GPU."""
+handling, the heuristic, the compiled module, the correctness check the GPU tests and the benchmark
+use, and the benchmark's behaviour without a GPU. They pass on any build configuration (archs,
+dtypes, layouts, config lists): nothing here depends on which kernels were built."""
+import itertools
+import random
+import re
+
 import pytest
 import torch
 
 import cutlass_moe
-from cutlass_moe import moe_gemm, moe_gemm_reference
-from cutlass_moe.ops import _weight_layout, _LAYOUT_KN, _LAYOUT_NK
+from cutlass_moe import _C, moe_gemm, moe_gemm_reference, ops
+from cutlass_moe.ops import _weight_layout
+from cutlass_moe.reference import assert_close_per_expert, per_expert_errors
 
 from conftest import HAS_CUDA, random_counts
 
 BF16 = torch.bfloat16
+# The layout enum values: from the C++ enum (ops._LAYOUTS) where ops exposes them, else the old constants.
+_LAYOUT_KN, _LAYOUT_NK = ((ops._LAYOUTS["kn"], ops._LAYOUTS["nk"]) if hasattr(ops, "_LAYOUTS")
+                          else (ops._LAYOUT_KN, ops._LAYOUT_NK))
 
 
 def make(t=48, k=32, n=24, e=3, dtype=BF16, counts=None, trans_b=False):
@@ -80,6 +90,44 @@ def test_reference_clamps_counts_like_the_kernels():
     assert cutlass_moe.expert_row_ranges(torch.tensor([2**40, 1]), 5) == [(0, 5), (5, 5)]
 
 
+def _hostile_count_cases():
+    rng = random.Random(5)
+    for _ in range(20):  # random counts summing below, to and past T
+        e, t = rng.randint(1, 40), rng.randint(0, 3000)
+        counts = [rng.randint(0, max(1, 2 * t // e)) for _ in range(e)]
+        yield counts, t
+        yield counts, sum(counts)
+        yield counts, max(0, sum(counts) - rng.randint(1, 50))
+    big, int64_max, int64_min = 2**40, 2**63 - 1, -2**63
+    yield [3, -2, 10, 4], 8
+    yield [big, 1], 5
+    yield [1, big, big, 7], 1000
+    yield [int64_max, int64_max, 5], 77
+    yield [int64_min, 10, int64_min, 20], 25
+    yield [int64_max, int64_min, int64_max], 2**31 - 1024
+    yield [-1, -5, -(2**31)], 100
+    yield [0, 0, 0, 0], 16
+    yield [], 16
+    yield [], 0
+    yield [5, 0, 3], 0
+    yield [2**31 - 1, 2**31 - 1, 1], 2**31 - 1024
+    yield [2**31, 2**32 + 3, 9], 2**31 - 1024
+
+
+def test_one_clamping_rule_on_host_and_device():
+    # The C++ expert_row_ranges runs the __host__ __device__ function the kernels use to clamp the
+    # counts; the Python reference must give the same rows for every count vector, hostile ones
+    # (negative, past T, near the int64 limits) included.
+    rows_in_cpp = getattr(_C, "expert_row_ranges", None)
+    if rows_in_cpp is None:
+        pytest.skip("cutlass_moe._C has no expert_row_ranges yet")
+    for counts, t in _hostile_count_cases():
+        want = cutlass_moe.expert_row_ranges(torch.tensor(counts, dtype=torch.int64), t)
+        got = [tuple(r) for r in rows_in_cpp(counts, t)]
+        assert got == want, (counts, t)
+        assert all(0 <= s <= e <= t for s, e in want) and all(a[1] == b[0] for a, b in zip(want, want[1:]))
+
+
 def test_reference_returns_float32_with_zero_tail():
     x, w, c = make()
     ref = moe_gemm_reference(x, w, c)
@@ -87,6 +135,78 @@ def test_reference_returns_float32_with_zero_tail():
     assert bool((ref[48:] == 0).all())
     torch.testing.assert_close(ref[:16], x[:16].float() @ w[0].float())
     torch.testing.assert_close(ref[16:48], x[16:48].float() @ w[2].float())
+
+
+def _reference_case(t=24576, k=64, n=32, e=8, dtype=BF16, seed=0, tail=0):
+    """x, w, counts and a correct result (the float32 reference rounded to dtype, as a kernel
+    rounds its float32 accumulators): e experts sharing t - tail rows evenly (e = 1: all of them)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(t, k, dtype=dtype, generator=g)
+    w = torch.randn(e, k, n, dtype=dtype, generator=g)
+    counts = random_counts(e, t - tail, g, "uniform" if e > 1 else "one")
+    y = moe_gemm_reference(x, w, counts).to(dtype)
+    return x, w, counts, y
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("e", [1, 8])
+def test_per_expert_check_catches_one_wrong_row(e, dtype):
+    # A correct result passes; one wholly wrong row among 24576 fails, however the experts split
+    # them: one norm over all rows (or over one expert's 3072 or 24576 rows) moves by only
+    # sqrt(1/rows) (0.6-1.8%), within a 1e-2 or 2e-2 relative tolerance, so the check must also
+    # bound every element.
+    x, w, counts, y = _reference_case(e=e, dtype=dtype)
+    errors = assert_close_per_expert(y, x, w, counts)
+    assert errors["finite"] and errors["worst_rel"] < 5e-3 and errors["elem_ratio"] < 0.5, errors
+    starts = [s for s, _ in cutlass_moe.expert_row_ranges(counts, x.shape[0])]
+    row = 12345
+    expert = max(i for i, s in enumerate(starts) if s <= row)
+
+    zeroed = y.clone()
+    zeroed[row] = 0
+    with pytest.raises(AssertionError, match=f"expert {expert}, row {row}"):
+        assert_close_per_expert(zeroed, x, w, counts)
+
+    scaled = y.clone()
+    scaled[row] *= 1.1  # 10% off: more than any rounding
+    with pytest.raises(AssertionError, match=f"expert {expert}"):
+        assert_close_per_expert(scaled, x, w, counts)
+
+    other = 20000 if expert == 0 and e == 1 else starts[-1] + 7  # another expert's row where there is one
+    swapped = y.clone()
+    swapped[[row, other]] = swapped[[other, row]]
+    with pytest.raises(AssertionError, match="row"):
+        assert_close_per_expert(swapped, x, w, counts)
+
+    unwritten = y.clone()
+    unwritten[row, 3] = float("nan")
+    with pytest.raises(AssertionError, match=f"expert {expert} has non-finite values"):
+        assert_close_per_expert(unwritten, x, w, counts)
+
+
+def test_per_expert_check_names_the_worst_expert_and_ignores_unowned_rows():
+    x, w, counts, y = _reference_case(t=1000, k=256, n=64, e=5, tail=40)
+    y[-40:] = float("nan")  # rows no expert owns are not looked at
+    assert assert_close_per_expert(y, x, w, counts)["finite"]
+    ranges = cutlass_moe.expert_row_ranges(counts, x.shape[0])
+    start, stop = ranges[3]
+    y[start:stop] = moe_gemm_reference(x[start:stop], w[2:3], torch.tensor([stop - start])).to(BF16)  # expert 2's W
+    errors = per_expert_errors(y, x, w, counts)
+    assert errors["worst_expert"] == 3 and errors["worst_rel"] > 0.5, errors
+    with pytest.raises(AssertionError, match=r"relative error .* in expert 3;.*max \|y - ref\|"):
+        assert_close_per_expert(y, x, w, counts)
+    # An explicit absolute tolerance replaces the per-element bound.
+    errors = assert_close_per_expert(y[:start], x[:start], w[:3], counts[:3], abs_tol=1.0)
+    assert errors["max_abs"] <= 1.0
+    y[5, 0] += 2.0
+    with pytest.raises(AssertionError, match="max \\|y - ref\\| = .* > 1 in expert 0, row 5"):
+        assert_close_per_expert(y[:start], x[:start], w[:3], counts[:3], abs_tol=1.0, rel=1.0)
+
+
+def test_per_expert_check_of_nothing():
+    x, w, _, y = _reference_case(t=10, k=16, n=8, e=2)
+    errors = assert_close_per_expert(y, x, w, torch.zeros(2, dtype=torch.int64))
+    assert errors["worst_expert"] == -1 and errors["finite"]
 
 
 def test_strided_weight_views_are_read_without_copy():
@@ -160,19 +280,65 @@ def test_moe_backend_config_and_auto_backend_resolve():
         cutlass_moe.select_config(1, 1, 8, 8, backend="fast")
 
 
+_SM90_FAMILIES = {"grouped", "moe"}
+_SM80_FAMILIES = {"sm80_grouped", "sm80_moe"}
+
+
+def _build_archs(info):
+    """(archs, sm80_family_ccs) from build_info()'s fields, or parsed off its summary
+    ("...; archs 90a; sm80 families for sm_90") from a core that does not report them."""
+    archs = info.get("archs")
+    if archs is None:
+        match = re.search(r"archs ([0-9a-z,]+)", info["summary"])
+        assert match, info["summary"]
+        archs = match.group(1).split(",")
+    ccs = info.get("sm80_family_ccs")
+    if ccs is None:
+        match = re.search(r"sm80 families for ((?:sm_[0-9]+,?)*)", info["summary"])
+        assert match, info["summary"]
+        ccs = [int(a[3:]) for a in match.group(1).split(",") if a]
+    return [str(a) for a in archs], [int(c) for c in ccs]
+
+
 def test_compiled_module_reports_its_build():
+    # Whatever the build configuration (CUTLASS_MOE_ARCHS, CUTLASS_MOE_DTYPES,
+    # CUTLASS_MOE_WEIGHT_LAYOUTS, the config lists), what build_info() reports must be consistent:
+    # the archs and the sm80 families' compute capabilities agree, every instance names known
+    # values of its family's arch, sm90 instances exist only in a 90a build, and each family's
+    # instances are the full product of its dtypes, layouts and configs (the build table in
+    # CMakeLists.txt is a product, with one dtype list and one layout list for every family).
     info = cutlass_moe.build_info()
-    assert "CUTLASS 4." in info["summary"] and "90a" in info["summary"]
-    instances = set(info["instances"])
-    for dtype in ("bf16", "fp16"):
-        for layout in ("kn", "nk"):
-            for config in ("sm90_pingpong_64x256x64_1x1x1", "sm90_cooperative_128x256x64_1x2x1"):
-                assert f"sm90:grouped:{dtype}:{layout}:{config}" in instances
-            for config in ("sm90_pingpong_64x256x64_1x1x1", "sm90_cooperative_128x256x64_1x1x1"):
-                assert f"sm90:moe:{dtype}:{layout}:{config}" in instances
-            for family in ("sm80_grouped", "sm80_moe"):
-                for config in ("sm80_64x128x32_32x64_s4", "sm80_128x128x32_64x64_s4"):
-                    assert f"sm80:{family}:{dtype}:{layout}:{config}" in instances
+    assert "CUTLASS 4." in info["summary"], info["summary"]
+    assert info["version"] == cutlass_moe.__version__
+    archs, ccs = _build_archs(info)
+    assert archs and all(re.fullmatch(r"8[0-9]|90a", a) for a in archs), archs
+    # CMakeLists.txt: 90a builds the sm80 families for sm_90, each 8x arch for sm_8x.
+    assert set(ccs) == {90 if a == "90a" else int(a) for a in archs}, (archs, ccs)
+
+    configs = set(dict(_C.config_names())) - {"auto"}
+    assert _SM90_FAMILIES | _SM80_FAMILIES <= set(dict(_C.backend_names())), _C.backend_names()
+    instances = list(info["instances"])
+    assert instances, "a build without kernels"
+    assert len(set(instances)) == len(instances), instances
+    families = {}
+    for name in instances:
+        fields = name.split(":")
+        assert len(fields) == 5, name
+        arch, backend, dtype, layout, config = fields
+        assert dtype in ("bf16", "fp16") and layout in ("kn", "nk"), name
+        assert config in configs and config.startswith(arch + "_"), name
+        if arch == "sm90":
+            assert backend in _SM90_FAMILIES and "90a" in archs, name
+        else:
+            assert arch == "sm80" and backend in _SM80_FAMILIES, name
+        families.setdefault((arch, backend), set()).add((dtype, layout, config))
+    dtypes = {d for members in families.values() for d, _, _ in members}
+    layouts = {l for members in families.values() for _, l, _ in members}
+    for (arch, backend), members in families.items():
+        family_configs = {c for _, _, c in members}
+        assert members == set(itertools.product(dtypes, layouts, family_configs)), (
+            f"{arch}:{backend} is not the product of {sorted(dtypes)} x {sorted(layouts)} x {sorted(family_configs)}: "
+            f"{sorted(members)}")
 
 
 def test_bench_counts_follow_the_public_recipe():

@@ -210,7 +210,7 @@ class CooperativeTmaStoreEpilogue {
   // Stores the consumer's rows [consumer * kRows, +kRows) of `tile`, clipped to the expert's rows
   // and to N by the ragged view. Per slice: the fragments go to one of the consumer's buffers, and
   // thread 0 of the consumer stores it with one TMA copy. A buffer is waited for only when it comes
-  // round again (two slices later, possibly in the next tile).
+  // round again (kBuffers slices later, possibly in a later tile).
   template <class Accumulators>
   CUTLASS_DEVICE void store(MoeTile const& tile, Accumulators const& accum) {
     using namespace cute;
@@ -250,7 +250,11 @@ class CooperativeTmaStoreEpilogue {
     for (int slice = 0; slice < kTileN / kStoreCols; ++slice) {
       const int slice_col = slice * kStoreCols;
       if (slice_col >= cols_left) break;  // the same for the whole consumer
-      Element* buffer = buffers_[slice % kBuffers].data();
+      // Buffers alternate over the consumer's whole sequence of slices, across tiles: a tile may
+      // store an odd number of slices (N's last tile), and restarting at buffer 0 would then
+      // overwrite the buffer whose store the wait below lets run on.
+      Element* buffer = buffers_[next_buffer_].data();
+      next_buffer_ = (next_buffer_ + 1) % kBuffers;
       Tensor sD = make_tensor(make_smem_ptr(buffer), SmemLayout{});
       if (thread_ == 0) tma_store_wait<kBuffers - 1>();  // this buffer's last store has read it
       cutlass::arch::NamedBarrier::sync(kThreads, consumer_);
@@ -282,6 +286,7 @@ class CooperativeTmaStoreEpilogue {
  private:
   Params const& params_;
   Buffer* buffers_;
+  int next_buffer_ = 0;  // the buffer of the consumer's next slice
   int consumer_;
   int mma_thread_;
   int thread_;

@@ -50,7 +50,6 @@ enum class Distribution { kUniform, kRandom, kHot, kDecode };
 constexpr const char* kDistributionNames[] = {"uniform", "random", "hot", "decode"};
 
 inline const char* distribution_name(Distribution d) { return kDistributionNames[static_cast<int>(d)]; }
-inline const char* dtype_name(DType dtype) { return dtype == DType::kFloat16 ? "fp16" : "bf16"; }
 
 struct Options {
   int64_t experts = 8;
@@ -81,7 +80,8 @@ inline void print_usage(const char* program, const char* about, const Options& d
   std::printf("                      uniform: T/E each; random: random counts, some experts get none;\n");
   std::printf("                      hot: one expert takes half of T;\n");
   std::printf("                      decode: each row picks a random expert\n");
-  std::printf("  --dtype=bf16|fp16 element type of x, weights and out (default %s)\n", dtype_name(d.dtype));
+  std::printf("  --dtype=bf16|fp16 element type of x, weights and out (default %s)\n",
+              cutlass_moe::dtype_name(d.dtype));
   std::printf("  --backend=B       kernel family (default auto):");
   for (int b = 0; b < cutlass_moe::kNumBackends; ++b) {
     std::printf(" %s", cutlass_moe::backend_name(Backend(b)));
@@ -253,7 +253,7 @@ inline std::string describe_counts(const std::vector<int32_t>& counts) {
 // "E=8 N=1024 K=1024 bf16, weights (E,K,N), backend auto, config auto"
 inline std::string describe_options(const Options& o) {
   return "E=" + std::to_string(o.experts) + " N=" + std::to_string(o.n) + " K=" + std::to_string(o.k) + " " +
-         dtype_name(o.dtype) + ", weights " + (o.trans_b ? "(E,N,K)" : "(E,K,N)") + ", backend " +
+         cutlass_moe::dtype_name(o.dtype) + ", weights " + (o.trans_b ? "(E,N,K)" : "(E,K,N)") + ", backend " +
          cutlass_moe::backend_name(o.backend) + ", config " + cutlass_moe::config_name(o.config);
 }
 

@@ -4,6 +4,9 @@ counts, each call checked per expert against a float32 reference.
 
 Every tensor a kernel or this harness reads is initialized (x and weights random, out filled with
 NaN, never torch.empty), so initcheck reports only what the kernels themselves read uninitialized.
+That includes the workspace: CUTLASS's sm90 ptr-array kernel keeps a TMA descriptor per SM in it,
+which it writes with tensormap.cp_fenceproxy (a copy from shared memory that initcheck does not count
+as a write) and then reads, so the workspace is allocated zeroed here (cutlass_moe.ops._new_workspace).
 The reference runs on the CPU (no extra kernels under the sanitizer). A call is wrong if the worst
 expert's relative error is >= 1e-2 or a row past the last owned row was written (it must stay NaN).
 One line per call; exits 1 if any call was wrong or raised, 2 if nothing could run here.
@@ -333,6 +336,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         print("sanitize_sweep: no CUDA GPU is visible; nothing to run")
         return 2
     import cutlass_moe  # after argparse: --help works without a build
+    import cutlass_moe.ops
+    cutlass_moe.ops._new_workspace = lambda nbytes, device: torch.zeros(nbytes, dtype=torch.uint8, device=device)
 
     filters = [f for f in args.kernels.split(",") if f]
     kernels, left_out = kernels_here(cutlass_moe, filters)

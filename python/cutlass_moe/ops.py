@@ -48,6 +48,12 @@ def _weight_layout(weights: torch.Tensor, trans_b: bool) -> Tuple[int, int]:
 _plan = functools.lru_cache(maxsize=4096)(_C.plan)
 
 
+def _new_workspace(nbytes: int, device: torch.device) -> torch.Tensor:
+    """The workspace of one call (the grouped families' per-expert arrays and CUTLASS's own); its
+    contents need not be initialized. benchmarks/sanitize_sweep.py swaps in zeros for initcheck."""
+    return torch.empty(nbytes, dtype=torch.uint8, device=device)
+
+
 def select_config(num_tokens: int, num_experts: int, n: int, k: int, backend: str = "auto",
                   device: Optional[int] = None) -> Tuple[str, str]:
     """The (backend, config) that ``backend=backend, config="auto"`` takes for these sizes on
@@ -188,7 +194,7 @@ def _moe_gemm_cuda(x, weights, tokens_per_expert, trans_b, out, backend, config,
     if counts.device != x.device:
         counts = counts.to(x.device, non_blocking=True)
     ws_bytes = plan.workspace_bytes
-    workspace = torch.empty(ws_bytes, dtype=torch.uint8, device=x.device) if ws_bytes else None
+    workspace = _new_workspace(ws_bytes, x.device) if ws_bytes else None
     args = (plan, _COUNT_TYPES[counts.dtype],
             x.data_ptr(), x.stride(0) if num_tokens > 1 else k,
             weights.data_ptr(), ldw, weights.stride(0) if num_experts > 1 else 0,

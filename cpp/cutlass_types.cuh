@@ -13,6 +13,7 @@ namespace cutlass_moe {
 template <DType kDType> struct ElementOf;
 template <> struct ElementOf<DType::kFloat16>  { using type = cutlass::half_t; };
 template <> struct ElementOf<DType::kBFloat16> { using type = cutlass::bfloat16_t; };
+template <> struct ElementOf<DType::kFloat32>  { using type = float; };
 
 // WeightLayout -> CUTLASS layout tag of B, which is logically K x N.
 template <WeightLayout kLayout> struct LayoutBOf;

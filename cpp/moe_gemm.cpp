@@ -56,6 +56,35 @@ const std::vector<Instance>& instances() {
 #undef CUTLASS_MOE_SM90_GROUPED_INSTANCE
 #undef CUTLASS_MOE_INSTANCE
 
+// The weight-gradient families: one instance per (arch, input dtype, output dtype, config).
+struct WgradInstance {
+  const char* arch;  // "sm90" or "sm80"
+  DType dtype;
+  DType out_dtype;
+  KernelConfig config;
+  size_t (*workspace_size)(int64_t num_experts, int sm_count);
+  void (*run)(const MoeWgradProblem&, void*, size_t, int, cudaStream_t);
+};
+
+#define CUTLASS_MOE_WGRAD_INSTANCE(ARCH, DTYPE, OUT_DTYPE, CONFIG)                                        \
+  WgradInstance{#ARCH, DType::DTYPE, DType::OUT_DTYPE, KernelConfig::CONFIG,                             \
+                &ARCH::WgradGroupedInstance<DType::DTYPE, DType::OUT_DTYPE, KernelConfig::CONFIG>::workspace_size, \
+                &ARCH::WgradGroupedInstance<DType::DTYPE, DType::OUT_DTYPE, KernelConfig::CONFIG>::run},
+#define CUTLASS_MOE_SM90_WGRAD_INSTANCE(DTYPE, OUT_DTYPE, CONFIG) CUTLASS_MOE_WGRAD_INSTANCE(sm90, DTYPE, OUT_DTYPE, CONFIG)
+#define CUTLASS_MOE_SM80_WGRAD_INSTANCE(DTYPE, OUT_DTYPE, CONFIG) CUTLASS_MOE_WGRAD_INSTANCE(sm80, DTYPE, OUT_DTYPE, CONFIG)
+
+const std::vector<WgradInstance>& wgrad_instances() {
+  static const std::vector<WgradInstance> table = {
+#include "sm90_wgrad_instances.inc"
+#include "sm80_wgrad_instances.inc"
+  };
+  return table;
+}
+
+#undef CUTLASS_MOE_SM80_WGRAD_INSTANCE
+#undef CUTLASS_MOE_SM90_WGRAD_INSTANCE
+#undef CUTLASS_MOE_WGRAD_INSTANCE
+
 // Compute capabilities the sm80 families carry machine code for (CMake's CUTLASS_MOE_ARCHS).
 constexpr int kSm80FamilyCcs[] = {0, CUTLASS_MOE_SM80_FAMILY_CCS};  // 0: never a device
 
@@ -114,6 +143,23 @@ const Instance& find_instance(const MoeGemmProblem& p, Backend backend, KernelCo
                           << layout_name(p.weight_layout) << ", config " << config_name(config));
 }
 
+// The wgrad instance for the problem's dtypes on `device`: sm90 on Hopper where built, else an sm80
+// one with machine code for the device.
+const WgradInstance& find_wgrad_instance(const MoeWgradProblem& p, int device) {
+  const int cc = device_facts(device).cc;
+  const WgradInstance* found = nullptr;
+  for (const WgradInstance& inst : wgrad_instances()) {
+    if (inst.dtype != p.dtype || inst.out_dtype != p.out_dtype) continue;
+    const bool sm90 = std::string(inst.arch) == "sm90";
+    if (!runs_on(sm90 ? Backend::kMoe : Backend::kSm80Moe, cc)) continue;
+    if (sm90 || !found) found = &inst;
+  }
+  CUTLASS_MOE_CHECK(found != nullptr, Status::kNotSupported,
+                    "this build has no wgrad kernel for " << dtype_name(p.dtype) << " with a " << dtype_name(p.out_dtype)
+                                                         << " output on device " << device << " (sm" << cc << ")");
+  return *found;
+}
+
 bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
 // A pointer as the error messages print it.
@@ -129,6 +175,7 @@ const char* dtype_name(DType dtype) {
   switch (dtype) {
     case DType::kFloat16: return "fp16";
     case DType::kBFloat16: return "bf16";
+    case DType::kFloat32: return "fp32";
   }
   return "unknown";
 }
@@ -291,6 +338,75 @@ void run_moe_gemm(const MoeGemmPlan& plan, const MoeGemmProblem& p, void* worksp
   static_cast<const Instance*>(plan.instance)->run(p, workspace, workspace_bytes, plan.sm_count, stream);
 }
 
+void check_wgrad_layout(const MoeWgradProblem& p) {
+  constexpr int64_t kMaxDim = (int64_t{1} << 31) - 1;
+  CUTLASS_MOE_CHECK_ARG(p.dtype == DType::kFloat16 || p.dtype == DType::kBFloat16,
+                        "x: unknown dtype value " << static_cast<int>(p.dtype));
+  CUTLASS_MOE_CHECK_ARG(p.out_dtype == p.dtype || p.out_dtype == DType::kFloat32,
+                        "out: dtype " << dtype_name(p.out_dtype) << "; expected x's (" << dtype_name(p.dtype)
+                                      << ") or fp32");
+  CUTLASS_MOE_CHECK_ARG(!p.accumulate || p.out_dtype == DType::kFloat32,
+                        "out: accumulate=True adds into an fp32 buffer, got " << dtype_name(p.out_dtype));
+  CUTLASS_MOE_CHECK_ARG(p.weight_layout == WeightLayout::kKN || p.weight_layout == WeightLayout::kNK,
+                        "out: unknown layout value " << static_cast<int>(p.weight_layout));
+  CUTLASS_MOE_CHECK_ARG(p.count_type == IndexType::kInt32 || p.count_type == IndexType::kInt64,
+                        "tokens_per_expert: unknown index type value " << static_cast<int>(p.count_type));
+  CUTLASS_MOE_CHECK_ARG(p.num_tokens >= 0 && p.num_tokens <= kMaxTokens,
+                        "x: T = " << p.num_tokens << " rows; expected 0 <= T <= " << kMaxTokens
+                                  << " (2^31 - 1024: 32-bit row and tile arithmetic)");
+  CUTLASS_MOE_CHECK_ARG(p.num_experts >= 0 && p.num_experts <= kMaxDim,
+                        "tokens_per_expert: E = " << p.num_experts << " experts; expected 0 <= E < 2^31");
+  CUTLASS_MOE_CHECK_ARG(p.n >= 0 && p.n <= kMaxDim, "grad_out: N = " << p.n << "; expected 0 <= N < 2^31");
+  CUTLASS_MOE_CHECK_ARG(p.k >= 0 && p.k <= kMaxDim, "x: K = " << p.k << "; expected 0 <= K < 2^31");
+  if (p.num_experts == 0 || p.n == 0 || p.k == 0) return;
+  CUTLASS_MOE_CHECK_ARG(p.k % 8 == 0, "x: K = " << p.k << " must be a multiple of 8 (16 bytes, for TMA)");
+  CUTLASS_MOE_CHECK_ARG(p.n % 8 == 0, "grad_out: N = " << p.n << " must be a multiple of 8 (16 bytes, for TMA)");
+  const int64_t inner = p.weight_layout == WeightLayout::kKN ? p.n : p.k;
+  CUTLASS_MOE_CHECK_ARG(p.ldw >= inner && p.ldw % 8 == 0,
+                        "out: leading stride of " << p.ldw << " elements must be a multiple of 8 and >= " << inner);
+  CUTLASS_MOE_CHECK_ARG(p.expert_stride >= 0 && p.expert_stride % 8 == 0,
+                        "out: expert stride of " << p.expert_stride
+                                                 << " elements must be a non-negative multiple of 8");
+  if (p.num_tokens == 0) return;
+  CUTLASS_MOE_CHECK_ARG(p.ldx >= p.k && p.ldx % 8 == 0,
+                        "x: row stride of " << p.ldx << " elements must be a multiple of 8 (16 bytes) and >= K = "
+                                            << p.k);
+  CUTLASS_MOE_CHECK_ARG(p.ld_grad_out >= p.n && p.ld_grad_out % 8 == 0,
+                        "grad_out: row stride of " << p.ld_grad_out
+                                                   << " elements must be a multiple of 8 (16 bytes) and >= N = " << p.n);
+}
+
+size_t wgrad_workspace_size(const MoeWgradProblem& p, int device) {
+  check_wgrad_layout(p);
+  if (p.num_experts == 0 || p.n == 0 || p.k == 0) return 0;
+  return find_wgrad_instance(p, device).workspace_size(p.num_experts, device_facts(device).sm_count);
+}
+
+void moe_gemm_wgrad(const MoeWgradProblem& p, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+  check_wgrad_layout(p);
+  if (p.num_experts == 0 || p.n == 0 || p.k == 0) return;
+  CUTLASS_MOE_CHECK_ARG(p.tokens_per_expert != nullptr, "tokens_per_expert: null data pointer");
+  CUTLASS_MOE_CHECK_ARG(p.out != nullptr && aligned16(p.out),
+                        "out: data pointer must be 16-byte aligned, got " << address(p.out));
+  if (p.num_tokens > 0) {
+    CUTLASS_MOE_CHECK_ARG(p.x != nullptr && aligned16(p.x),
+                          "x: data pointer must be 16-byte aligned, got " << address(p.x));
+    CUTLASS_MOE_CHECK_ARG(p.grad_out != nullptr && aligned16(p.grad_out),
+                          "grad_out: data pointer must be 16-byte aligned, got " << address(p.grad_out));
+  }
+  int device = 0;
+  CUTLASS_MOE_CHECK_CUDA(cudaGetDevice(&device));
+  const WgradInstance& inst = find_wgrad_instance(p, device);
+  const int sm_count = device_facts(device).sm_count;
+  const size_t needed = inst.workspace_size(p.num_experts, sm_count);
+  CUTLASS_MOE_CHECK(workspace_bytes >= needed, Status::kWorkspaceTooSmall,
+                    "workspace: expected at least " << needed << " bytes, got " << workspace_bytes);
+  CUTLASS_MOE_CHECK_ARG(reinterpret_cast<uintptr_t>(workspace) % kWorkspaceAlignment == 0,
+                        "workspace: data pointer must be " << kWorkspaceAlignment << "-byte aligned, got "
+                                                           << address(workspace));
+  inst.run(p, workspace, workspace_bytes, sm_count, stream);
+}
+
 size_t workspace_size(const MoeGemmProblem& p, Backend backend, KernelConfig config, int device) {
   return plan_moe_gemm(p, backend, config, device).workspace_bytes;
 }
@@ -309,6 +425,10 @@ std::vector<std::string> built_instances() {
     os << inst.arch << ":" << backend_name(inst.backend) << ":" << dtype_name(inst.dtype) << ":" << layout_name(inst.layout) << ":"
        << config_name(inst.config);
     names.push_back(os.str());
+  }
+  for (const WgradInstance& inst : wgrad_instances()) {
+    names.push_back(std::string(inst.arch) + ":wgrad:" + dtype_name(inst.dtype) + ":" + dtype_name(inst.out_dtype) +
+                    ":" + config_name(inst.config));
   }
   return names;
 }

@@ -33,7 +33,7 @@ def _bad_cases():
     x, w, c = make()
     yield "x not a tensor", dict(x=x.tolist()), TypeError, "x:"
     yield "x rank", dict(x=x[None]), ValueError, "x: expected 2 dimensions"
-    yield "x dtype", dict(x=x.float(), weights=w.float()), TypeError, "x: expected dtype"
+    yield "x dtype", dict(x=x.int(), weights=w.int()), TypeError, "x: expected dtype"
     yield "weights dtype", dict(weights=w.half()), TypeError, "weights: dtype"
     yield "weights rank", dict(weights=w[0]), ValueError, "weights: expected 3 dimensions"
     yield "K mismatch", dict(weights=torch.randn(3, 16, 24, dtype=BF16)), ValueError, "weights: expected shape (E, K, N) with K = 32"
@@ -321,10 +321,17 @@ def test_compiled_module_reports_its_build():
     assert instances, "a build without kernels"
     assert len(set(instances)) == len(instances), instances
     families = {}
+    wgrad = {}
     for name in instances:
         fields = name.split(":")
         assert len(fields) == 5, name
         arch, backend, dtype, layout, config = fields
+        if backend == "wgrad":  # arch:wgrad:dtype:out_dtype:config, out_dtype = dtype or fp32
+            assert arch in ("sm90", "sm80") and (arch == "sm80" or "90a" in archs), name
+            assert dtype in ("bf16", "fp16") and layout in (dtype, "fp32"), name
+            assert config in configs and config.startswith(arch + "_"), name
+            wgrad.setdefault(arch, set()).add((dtype, layout, config))
+            continue
         assert dtype in ("bf16", "fp16") and layout in ("kn", "nk"), name
         assert config in configs and config.startswith(arch + "_"), name
         if arch == "sm90":
@@ -339,6 +346,11 @@ def test_compiled_module_reports_its_build():
         assert members == set(itertools.product(dtypes, layouts, family_configs)), (
             f"{arch}:{backend} is not the product of {sorted(dtypes)} x {sorted(layouts)} x {sorted(family_configs)}: "
             f"{sorted(members)}")
+    # The wgrad families: every dtype of the build, each with its own dtype and fp32 as output.
+    for arch, members in wgrad.items():
+        family_configs = {c for _, _, c in members}
+        expected = {(d, o, c) for d in dtypes for o in (d, "fp32") for c in family_configs}
+        assert members == expected, f"{arch}:wgrad: {sorted(members)}, expected {sorted(expected)}"
 
 
 def test_bench_counts_follow_the_public_recipe():

@@ -101,6 +101,61 @@ PYBIND11_MODULE(_C, m) {
                        reinterpret_cast<cudaStream_t>(stream));
         });
 
+  // Zeros the rows of a new output that no expert owns (the counts are read on the device).
+  m.def("zero_unowned_rows", [](int dtype, int count_type, int64_t num_tokens, int64_t num_experts, int64_t n,
+                                uintptr_t out, int64_t ldout, uintptr_t tokens_per_expert, uintptr_t stream) {
+    MoeGemmProblem p = make_problem(dtype, 0, count_type, num_tokens, num_experts, n, /*k=*/0, 0, n, 0, ldout);
+    p.out = reinterpret_cast<void*>(out);
+    p.tokens_per_expert = reinterpret_cast<const void*>(tokens_per_expert);
+    zero_unowned_rows(p, reinterpret_cast<cudaStream_t>(stream));
+  });
+
+  // The weight gradient (MoeWgradProblem): its checks without pointers, its workspace, the call.
+  auto wgrad_problem = [](int dtype, int out_dtype, int weight_layout, int count_type, bool accumulate,
+                          int64_t num_tokens, int64_t num_experts, int64_t n, int64_t k, int64_t ldx,
+                          int64_t ld_grad_out, int64_t ldw, int64_t expert_stride) {
+    MoeWgradProblem p;
+    p.dtype = static_cast<DType>(dtype);
+    p.out_dtype = static_cast<DType>(out_dtype);
+    p.weight_layout = static_cast<WeightLayout>(weight_layout);
+    p.count_type = static_cast<IndexType>(count_type);
+    p.accumulate = accumulate;
+    p.num_tokens = num_tokens;
+    p.num_experts = num_experts;
+    p.n = n;
+    p.k = k;
+    p.ldx = ldx;
+    p.ld_grad_out = ld_grad_out;
+    p.ldw = ldw;
+    p.expert_stride = expert_stride;
+    return p;
+  };
+  m.def("check_wgrad_layout", [=](int dtype, int out_dtype, int weight_layout, int count_type, bool accumulate,
+                                  int64_t num_tokens, int64_t num_experts, int64_t n, int64_t k, int64_t ldx,
+                                  int64_t ld_grad_out, int64_t ldw, int64_t expert_stride) {
+    check_wgrad_layout(wgrad_problem(dtype, out_dtype, weight_layout, count_type, accumulate, num_tokens,
+                                     num_experts, n, k, ldx, ld_grad_out, ldw, expert_stride));
+  });
+  m.def("wgrad_workspace_size", [=](int dtype, int out_dtype, int weight_layout, int64_t num_tokens,
+                                    int64_t num_experts, int64_t n, int64_t k, int device) {
+    const int64_t ldw = static_cast<WeightLayout>(weight_layout) == WeightLayout::kKN ? n : k;
+    return wgrad_workspace_size(wgrad_problem(dtype, out_dtype, weight_layout, 0, false, num_tokens, num_experts,
+                                              n, k, k, n, ldw, ldw * (ldw == n ? k : n)),
+                                device);
+  });
+  m.def("wgrad", [=](int dtype, int out_dtype, int weight_layout, int count_type, bool accumulate,
+                     int64_t num_tokens, int64_t num_experts, int64_t n, int64_t k, uintptr_t x, int64_t ldx,
+                     uintptr_t grad_out, int64_t ld_grad_out, uintptr_t out, int64_t ldw, int64_t expert_stride,
+                     uintptr_t tokens_per_expert, uintptr_t workspace, size_t workspace_bytes, uintptr_t stream) {
+    MoeWgradProblem p = wgrad_problem(dtype, out_dtype, weight_layout, count_type, accumulate, num_tokens,
+                                      num_experts, n, k, ldx, ld_grad_out, ldw, expert_stride);
+    p.x = reinterpret_cast<const void*>(x);
+    p.grad_out = reinterpret_cast<const void*>(grad_out);
+    p.out = reinterpret_cast<void*>(out);
+    p.tokens_per_expert = reinterpret_cast<const void*>(tokens_per_expert);
+    moe_gemm_wgrad(p, reinterpret_cast<void*>(workspace), workspace_bytes, reinterpret_cast<cudaStream_t>(stream));
+  });
+
   // The heuristics' picks for these sizes: (backend, config), with backend kAuto resolved first.
   m.def("select", [](int64_t num_tokens, int64_t num_experts, int64_t n, int64_t k, int backend, int device) {
     MoeGemmProblem p;

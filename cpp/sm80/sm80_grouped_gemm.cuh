@@ -90,7 +90,7 @@ void GroupedGemmInstance<kDType, kLayout, kConfig>::run(const MoeGemmProblem& p,
   WorkspaceCarver carver(workspace);
   GroupedArrays arrays = carve_arrays(carver, p.num_experts);
 
-  with_typed_counts(p, [&](auto const* counts) {
+  with_typed_counts(p.count_type, p.tokens_per_expert, [&](auto const* counts) {
     build_sm80_grouped_arguments<<<1, kExpertRangeThreads, 0, stream>>>(
         arrays, counts, p.num_experts, p.num_tokens, static_cast<int>(p.n), static_cast<int>(p.k),
         static_cast<const char*>(p.x), p.ldx, static_cast<const char*>(p.weights), p.ldw, p.expert_stride,

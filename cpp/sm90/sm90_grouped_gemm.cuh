@@ -153,7 +153,7 @@ void GroupedGemmInstance<kDType, kLayout, kConfig>::run(const MoeGemmProblem& p,
   WorkspaceCarver carver(workspace);
   GroupedArrays<K> arrays = carve_arrays<K>(carver, p.num_experts);
 
-  with_typed_counts(p, [&](auto const* counts) {
+  with_typed_counts(p.count_type, p.tokens_per_expert, [&](auto const* counts) {
     build_grouped_arguments<K><<<1, kExpertRangeThreads, 0, stream>>>(
         arrays, counts, p.num_experts, p.num_tokens, static_cast<int>(p.n), static_cast<int>(p.k),
         static_cast<const Element*>(p.x), p.ldx, static_cast<const Element*>(p.weights), p.ldw,

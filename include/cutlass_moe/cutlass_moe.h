@@ -33,8 +33,9 @@ constexpr int64_t kMaxTokens = (int64_t{1} << 31) - 1024;
 enum class DType : int {
   kFloat16 = 0,
   kBFloat16 = 1,
+  kFloat32 = 2,  // only as the weight gradient's output type (MoeWgradProblem::out_dtype)
 };
-constexpr int kNumDTypes = 2;
+constexpr int kNumDTypes = 3;
 
 enum class IndexType : int {
   kInt32 = 0,
@@ -168,6 +169,47 @@ MoeGemmPlan plan_moe_gemm(const MoeGemmProblem& problem, Backend backend, Kernel
 void run_moe_gemm(const MoeGemmPlan& plan, const MoeGemmProblem& problem, void* workspace, size_t workspace_bytes,
                   cudaStream_t stream);
 
+// The weight gradient of moe_gemm: dW[e] = x_e^T . grad_out_e (K x N), a GEMM per expert whose
+// reduction runs over the expert's rows (by the count rule above). An expert with no rows gets
+// zeros, or is left untouched when accumulating. Deterministic: no atomics, no split reduction.
+struct MoeWgradProblem {
+  DType dtype = DType::kBFloat16;      // x and grad_out: fp16 or bf16
+  DType out_dtype = DType::kBFloat16;  // dW: dtype, or kFloat32
+  WeightLayout weight_layout = WeightLayout::kKN;  // dW's layout, as the weights': (E, K, N) or (E, N, K)
+  IndexType count_type = IndexType::kInt32;
+  bool accumulate = false;  // dW += ..., into a kFloat32 out (Megatron's main_grad)
+
+  int64_t num_tokens = 0;   // T: rows of x and grad_out
+  int64_t num_experts = 0;  // E
+  int64_t n = 0;
+  int64_t k = 0;
+
+  const void* x = nullptr;  // T x K, row-major, leading dimension ldx
+  int64_t ldx = 0;
+  const void* grad_out = nullptr;  // T x N, row-major, leading dimension ld_grad_out
+  int64_t ld_grad_out = 0;
+  void* out = nullptr;  // E matrices in weight_layout, out_dtype
+  int64_t ldw = 0;            // stride between rows (kKN) or columns (kNK) of one expert's K x N
+  int64_t expert_stride = 0;  // stride between experts
+
+  const void* tokens_per_expert = nullptr;  // E counts on the device, count_type
+};
+
+// Sizes, strides, dtypes, layout; no pointers. Messages start with the Python argument's name.
+void check_wgrad_layout(const MoeWgradProblem& problem);
+
+// Workspace bytes moe_gemm_wgrad needs for `problem` on `device` (check_wgrad_layout only).
+size_t wgrad_workspace_size(const MoeWgradProblem& problem, int device);
+
+// Runs the weight gradient on `stream`, on the current device, with the wgrad family this build
+// has for it (sm90 on Hopper, sm80 on Ampere/Ada). workspace: wgrad_workspace_size() bytes,
+// 256-byte aligned. Never synchronizes, never allocates.
+void moe_gemm_wgrad(const MoeWgradProblem& problem, void* workspace, size_t workspace_bytes, cudaStream_t stream);
+
+// Writes zeros to the rows of out that no expert owns, [start[E-1] + rows[E-1], T) (reads the
+// counts on the device): makes a new output fully defined at the cost of its tail alone.
+void zero_unowned_rows(const MoeGemmProblem& problem, cudaStream_t stream);
+
 // plan_moe_gemm(...).workspace_bytes.
 size_t workspace_size(const MoeGemmProblem& problem, Backend backend, KernelConfig config, int device);
 
@@ -183,7 +225,8 @@ const char* layout_name(WeightLayout layout);     // "kn", "nk"
 const char* index_type_name(IndexType type);      // "int32", "int64"
 
 // What this build holds.
-std::vector<std::string> built_instances();  // "sm90:<family>:<dtype>:<layout>:<config>" entries
+std::vector<std::string> built_instances();  // "sm90:<family>:<dtype>:<layout>:<config>" entries;
+                                             // wgrad: "sm90:wgrad:<dtype>:<out dtype>:<config>"
 std::vector<std::string> target_archs();     // CUTLASS_MOE_ARCHS as built: "80", "86", "89", "90a"
 std::vector<int> sm80_family_ccs();          // compute capabilities the sm80 families have code for
 std::string build_info();                    // CUDA, CUTLASS and arch versions, one line

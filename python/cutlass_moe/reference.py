@@ -28,6 +28,11 @@ def expert_row_ranges(tokens_per_expert, num_tokens: int) -> List[Tuple[int, int
     return ranges
 
 
+def _compute_dtype(t: torch.Tensor) -> torch.dtype:
+    """float32, or float64 for float64 inputs (gradcheck on the CPU path)."""
+    return torch.float64 if t.dtype == torch.float64 else torch.float32
+
+
 def weight_matrix(weights: torch.Tensor, expert: int, trans_b: bool) -> torch.Tensor:
     """Expert ``expert``'s K x N matrix (a view)."""
     return weights[expert].t() if trans_b else weights[expert]
@@ -41,7 +46,7 @@ def moe_gemm_reference(
     trans_b: bool = False,
     out: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    """``out[rows_e] = x[rows_e] @ W_e`` for every expert, in float32.
+    """``out[rows_e] = x[rows_e] @ W_e`` for every expert, in float32 (float64 for float64 x).
 
     Returns a float32 (T, N) tensor unless ``out`` is given, in which case the result is cast to
     out's dtype and written into it. Rows no expert owns are zero in a new result and left
@@ -49,12 +54,28 @@ def moe_gemm_reference(
     """
     num_tokens = x.shape[0]
     n = weights.shape[1] if trans_b else weights.shape[2]
-    result = out if out is not None else torch.zeros(num_tokens, n, dtype=torch.float32, device=x.device)
+    acc = _compute_dtype(x)
+    result = out if out is not None else torch.zeros(num_tokens, n, dtype=acc, device=x.device)
     for expert, (start, stop) in enumerate(expert_row_ranges(tokens_per_expert, num_tokens)):
         if stop > start:
-            w = weight_matrix(weights, expert, trans_b).float()
-            result[start:stop] = (x[start:stop].float() @ w).to(result.dtype)
+            w = weight_matrix(weights, expert, trans_b).to(acc)
+            result[start:stop] = (x[start:stop].to(acc) @ w).to(result.dtype)
     return result
+
+
+def moe_gemm_wgrad_reference(x: torch.Tensor, grad_out: torch.Tensor, tokens_per_expert, *,
+                             trans_b: bool = False) -> torch.Tensor:
+    """``dW[e] = x[rows_e]^T @ grad_out[rows_e]`` for every expert, in float32 (float64 for
+    float64 x): (E, K, N), or (E, N, K) with ``trans_b``. Experts with no rows get zeros."""
+    num_tokens, k = x.shape
+    n = grad_out.shape[1]
+    acc = _compute_dtype(x)
+    ranges = expert_row_ranges(tokens_per_expert, num_tokens)
+    result = torch.zeros(len(ranges), k, n, dtype=acc, device=x.device)
+    for expert, (start, stop) in enumerate(ranges):
+        if stop > start:
+            result[expert] = x[start:stop].to(acc).t() @ grad_out[start:stop].to(acc)
+    return result.transpose(1, 2) if trans_b else result
 
 
 # Per-element relative tolerance of a result against the float32 reference, by output dtype. The

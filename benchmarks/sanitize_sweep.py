@@ -11,6 +11,9 @@ The reference runs on the CPU (no extra kernels under the sanitizer). A call is 
 expert's relative error is >= 1e-2 or a row past the last owned row was written (it must stay NaN).
 One line per call; exits 1 if any call was wrong or raised, 2 if nothing could run here.
 
+The weight-gradient families (arch:wgrad:...) get one checked ragged call each (with an fp32
+output, one more that accumulates into it) in the full and small modes.
+
 Modes: full (the sweep: per kernel = per (backend, config) pair in built_configs(), the whole set of
 problems on one dtype/layout instance, and one ragged call on each of its other instances); small
 (one small ragged call per kernel, for racecheck); graph (only the CUDA-graph step).
@@ -209,6 +212,41 @@ class Sweep:
         except Exception:
             return False
 
+    def wgrad(self, kernel: Kernel, p: Problem, seed: int) -> bool:
+        """One checked weight-gradient call (kernel: arch:wgrad:dtype:out_dtype:config), and with an
+        fp32 output one more that accumulates into it. Returns False if the CUDA context is gone."""
+        import cutlass_moe
+        shape = f"E={p.e} T={p.t} K={p.k} N={p.n}"
+        backend = "grouped" if kernel.arch == "sm90" else "sm80_grouped"
+        out_dtype = torch.float32 if kernel.layout == "fp32" else kernel.torch_dtype
+        start = time.time()
+        try:
+            gen = torch.Generator(device=DEVICE).manual_seed(seed)
+            x = torch.randn(p.t, p.k, device=DEVICE, dtype=kernel.torch_dtype, generator=gen)
+            dy = torch.randn(p.t, p.n, device=DEVICE, dtype=kernel.torch_dtype, generator=gen)
+            counts = torch.tensor(list(p.counts), dtype=p.count_dtype).to(DEVICE)
+            ref = cutlass_moe.moe_gemm_wgrad_reference(x.cpu(), dy.cpu(), list(p.counts))
+            out = torch.full((p.e, p.k, p.n), float("nan"), device=DEVICE, dtype=out_dtype)
+            cutlass_moe.moe_gemm_wgrad(x, dy, counts, out=out, backend=backend)
+            expect = [ref]
+            if out_dtype == torch.float32:
+                cutlass_moe.moe_gemm_wgrad(x, dy, counts, out=out, accumulate=True, backend=backend)
+                expect = [2 * ref]
+            sync()
+            got = out.cpu().float()
+            errs = [float((got[e] - expect[0][e]).norm() / expect[0][e].norm().clamp_min(1e-30))
+                    if stop > start_ else float((got[e] != 0).any())
+                    for e, (start_, stop) in enumerate(owned_ranges(p.counts, p.t))]
+            worst = max(errs) if errs else 0.0
+            ok = worst < TOL and bool(torch.isfinite(got).all())
+            detail = f"worst expert rel err {worst:.1e}" + (" (+ accumulate)" if out_dtype == torch.float32 else "")
+        except Exception as exc:
+            self.report(False, kernel, p.label, shape, f"raised {type(exc).__name__}: {str(exc)[:300]}",
+                        time.time() - start)
+            return self.alive()
+        self.report(ok, kernel, p.label, shape, detail, time.time() - start)
+        return True
+
     def call(self, kernel: Kernel, p: Problem, seed: int) -> bool:
         """One checked call. Returns False if the CUDA context is gone."""
         shape = f"E={p.e} T={p.t} K={p.k} N={p.n}"
@@ -355,6 +393,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     started = time.time()
     seed = 0
     alive = True
+    wgrad_kernels = [k for k in kernels if k.backend == "wgrad"] if args.mode != "graph" else []
+    for kernel in wgrad_kernels:  # the weight-gradient families, one checked call each
+        seed += 1
+        alive = sweep.wgrad(kernel, small() if args.mode != "full" else ragged(), seed)
+        if not alive:
+            break
+    kernels = [k for k in kernels if k.backend != "wgrad"] if alive else []
     for primary, others in group_by_pair(kernels):
         targets = [primary] + (others if args.every_instance else [])
         for kernel in targets:

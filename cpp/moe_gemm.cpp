@@ -143,20 +143,25 @@ const Instance& find_instance(const MoeGemmProblem& p, Backend backend, KernelCo
                           << layout_name(p.weight_layout) << ", config " << config_name(config));
 }
 
-// The wgrad instance for the problem's dtypes on `device`: sm90 on Hopper where built, else an sm80
-// one with machine code for the device.
-const WgradInstance& find_wgrad_instance(const MoeWgradProblem& p, int device) {
+// The wgrad instance of `backend` for the problem's dtypes on `device` (kAuto: sm90 on Hopper where
+// built, else an sm80 one with machine code for the device).
+const WgradInstance& find_wgrad_instance(const MoeWgradProblem& p, Backend backend, int device) {
+  CUTLASS_MOE_CHECK_ARG(backend == Backend::kAuto || backend == Backend::kGrouped || backend == Backend::kSm80Grouped,
+                        "backend: the wgrad families are 'auto', 'grouped' (sm90) and 'sm80_grouped', got '"
+                            << backend_name(backend) << "'");
   const int cc = device_facts(device).cc;
   const WgradInstance* found = nullptr;
   for (const WgradInstance& inst : wgrad_instances()) {
     if (inst.dtype != p.dtype || inst.out_dtype != p.out_dtype) continue;
     const bool sm90 = std::string(inst.arch) == "sm90";
-    if (!runs_on(sm90 ? Backend::kMoe : Backend::kSm80Moe, cc)) continue;
+    if (!runs_on(sm90 ? Backend::kGrouped : Backend::kSm80Grouped, cc)) continue;
+    if (backend != Backend::kAuto && (backend == Backend::kGrouped) != sm90) continue;
     if (sm90 || !found) found = &inst;
   }
   CUTLASS_MOE_CHECK(found != nullptr, Status::kNotSupported,
-                    "this build has no wgrad kernel for " << dtype_name(p.dtype) << " with a " << dtype_name(p.out_dtype)
-                                                         << " output on device " << device << " (sm" << cc << ")");
+                    "this build has no " << backend_name(backend) << " wgrad kernel for " << dtype_name(p.dtype)
+                                         << " with a " << dtype_name(p.out_dtype) << " output on device " << device
+                                         << " (sm" << cc << ")");
   return *found;
 }
 
@@ -376,13 +381,14 @@ void check_wgrad_layout(const MoeWgradProblem& p) {
                                                    << " elements must be a multiple of 8 (16 bytes) and >= N = " << p.n);
 }
 
-size_t wgrad_workspace_size(const MoeWgradProblem& p, int device) {
+size_t wgrad_workspace_size(const MoeWgradProblem& p, Backend backend, int device) {
   check_wgrad_layout(p);
   if (p.num_experts == 0 || p.n == 0 || p.k == 0) return 0;
-  return find_wgrad_instance(p, device).workspace_size(p.num_experts, device_facts(device).sm_count);
+  return find_wgrad_instance(p, backend, device).workspace_size(p.num_experts, device_facts(device).sm_count);
 }
 
-void moe_gemm_wgrad(const MoeWgradProblem& p, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+void moe_gemm_wgrad(const MoeWgradProblem& p, Backend backend, void* workspace, size_t workspace_bytes,
+                    cudaStream_t stream) {
   check_wgrad_layout(p);
   if (p.num_experts == 0 || p.n == 0 || p.k == 0) return;
   CUTLASS_MOE_CHECK_ARG(p.tokens_per_expert != nullptr, "tokens_per_expert: null data pointer");
@@ -396,7 +402,7 @@ void moe_gemm_wgrad(const MoeWgradProblem& p, void* workspace, size_t workspace_
   }
   int device = 0;
   CUTLASS_MOE_CHECK_CUDA(cudaGetDevice(&device));
-  const WgradInstance& inst = find_wgrad_instance(p, device);
+  const WgradInstance& inst = find_wgrad_instance(p, backend, device);
   const int sm_count = device_facts(device).sm_count;
   const size_t needed = inst.workspace_size(p.num_experts, sm_count);
   CUTLASS_MOE_CHECK(workspace_bytes >= needed, Status::kWorkspaceTooSmall,

@@ -9,7 +9,7 @@ import cutlass_moe
 from cutlass_moe import moe_gemm, moe_gemm_wgrad
 from cutlass_moe.reference import assert_close_per_expert, expert_row_ranges, moe_gemm_reference
 
-from conftest import HAS_CUDA, random_counts, requires_kernels
+from conftest import HAS_CUDA, backend_param, random_counts, requires_kernels
 
 BF16 = torch.bfloat16
 
@@ -151,8 +151,8 @@ def _opcheck(device):
     torch.library.opcheck(torch.ops.cutlass_moe.moe_gemm.default, (x, w, counts, False, "auto", "auto"))
     torch.library.opcheck(torch.ops.cutlass_moe.moe_gemm.default,
                           (x, w.detach().transpose(1, 2).contiguous().requires_grad_(), counts, True, "auto", "auto"))
-    torch.library.opcheck(torch.ops.cutlass_moe.moe_gemm_wgrad.default, (x, dy, counts, False, None))
-    torch.library.opcheck(torch.ops.cutlass_moe.moe_gemm_wgrad.default, (x, dy, counts, True, torch.float32))
+    torch.library.opcheck(torch.ops.cutlass_moe.moe_gemm_wgrad.default, (x, dy, counts, False, None, "auto"))
+    torch.library.opcheck(torch.ops.cutlass_moe.moe_gemm_wgrad.default, (x, dy, counts, True, torch.float32, "auto"))
 
 
 def test_opcheck_cpu():
@@ -216,11 +216,11 @@ gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 
 
 @gpu
-@requires_kernels
+@pytest.mark.parametrize("backend", [backend_param("auto"), backend_param("sm80_moe")])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("variant", ["kn", "nk", "nk_view", "kn_view"])
 @pytest.mark.parametrize("kind", ["random", "hot", "one"])
-def test_gradients_match_float32_autograd(kind, variant, dtype):
+def test_gradients_match_float32_autograd(kind, variant, dtype, backend):
     gen = torch.Generator(device="cuda").manual_seed(5)
     t, k, n, e, tail = 1100, 256, 384, 9, 21
     x = torch.randn(t, k, device="cuda", dtype=dtype, generator=gen, requires_grad=True)
@@ -230,7 +230,7 @@ def test_gradients_match_float32_autograd(kind, variant, dtype):
     counts[1] = 0  # always a zero-token expert
     counts[-1] += t - tail - int(counts.sum())
     dy = torch.randn(t, n, device="cuda", dtype=dtype, generator=gen)
-    y = moe_gemm(x, w, counts, trans_b=trans_b)
+    y = moe_gemm(x, w, counts, trans_b=trans_b, backend=backend)
     assert y.grad_fn is not None
     y.backward(dy)
     ref_dx, ref_dw = reference_grads(x, w, counts.cpu(), trans_b, dy)
@@ -256,11 +256,14 @@ def test_new_output_is_fully_defined(counts_on):
         assert_close_per_expert(y, x, w, counts.cpu())
 
 
+wgrad_backends = pytest.mark.parametrize("backend", [backend_param("grouped"), backend_param("sm80_grouped")])
+
+
 @gpu
-@requires_kernels
+@wgrad_backends
 @pytest.mark.parametrize("trans_b", [False, True])
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
-def test_wgrad_alone_per_expert_and_deterministic(out_dtype, trans_b):
+def test_wgrad_alone_per_expert_and_deterministic(out_dtype, trans_b, backend):
     gen = torch.Generator(device="cuda").manual_seed(7)
     t, k, n, e = 3001, 512, 264, 12
     counts = random_counts(e, t - 9, torch.Generator().manual_seed(8), "random").to("cuda", torch.int64)
@@ -270,17 +273,17 @@ def test_wgrad_alone_per_expert_and_deterministic(out_dtype, trans_b):
     dy = torch.randn(t, n, device="cuda", dtype=BF16, generator=gen)
     shape = (e, n, k) if trans_b else (e, k, n)
     out = torch.full(shape, float("nan"), device="cuda", dtype=out_dtype)
-    dw = moe_gemm_wgrad(x, dy, counts, trans_b=trans_b, out=out)
+    dw = moe_gemm_wgrad(x, dy, counts, trans_b=trans_b, out=out, backend=backend)
     assert dw is out
     ref = cutlass_moe.moe_gemm_wgrad_reference(x, dy, counts.cpu(), trans_b=trans_b)
     check_dw(dw, ref, counts.cpu(), t, trans_b)
-    again = moe_gemm_wgrad(x, dy, counts, trans_b=trans_b, out=torch.empty_like(out))
+    again = moe_gemm_wgrad(x, dy, counts, trans_b=trans_b, out=torch.empty_like(out), backend=backend)
     assert torch.equal(again, dw), "the same inputs must give the same bits"
 
 
 @gpu
-@requires_kernels
-def test_wgrad_accumulates_into_fp32_and_leaves_empty_experts():
+@wgrad_backends
+def test_wgrad_accumulates_into_fp32_and_leaves_empty_experts(backend):
     gen = torch.Generator(device="cuda").manual_seed(9)
     t, k, n = 2000, 256, 128
     counts = torch.tensor([700, 0, 1200, 0], device="cuda")
@@ -288,7 +291,7 @@ def test_wgrad_accumulates_into_fp32_and_leaves_empty_experts():
     dy = torch.randn(t, n, device="cuda", dtype=BF16, generator=gen)
     main_grad = torch.randn(4, k, n, device="cuda", generator=gen)
     before = main_grad.clone()
-    moe_gemm_wgrad(x, dy, counts, out=main_grad, accumulate=True)
+    moe_gemm_wgrad(x, dy, counts, out=main_grad, accumulate=True, backend=backend)
     ref = cutlass_moe.moe_gemm_wgrad_reference(x, dy, counts.cpu())
     assert torch.equal(main_grad[1], before[1]) and torch.equal(main_grad[3], before[3]), "empty experts untouched"
     for e in (0, 2):
@@ -296,15 +299,15 @@ def test_wgrad_accumulates_into_fp32_and_leaves_empty_experts():
 
 
 @gpu
-@requires_kernels
-def test_wgrad_weights_layout_views():
+@wgrad_backends
+def test_wgrad_weights_layout_views(backend):
     # dW written into an (E, K, N)-shaped buffer whose K is contiguous (a transposed (E, N, K)).
     gen = torch.Generator(device="cuda").manual_seed(10)
     x = torch.randn(500, 128, device="cuda", dtype=BF16, generator=gen)
     dy = torch.randn(500, 64, device="cuda", dtype=BF16, generator=gen)
     counts = torch.tensor([200, 300], device="cuda")
     out = torch.empty(2, 64, 128, device="cuda", dtype=torch.float32).transpose(1, 2)
-    moe_gemm_wgrad(x, dy, counts, out=out)
+    moe_gemm_wgrad(x, dy, counts, out=out, backend=backend)
     check_dw(out, cutlass_moe.moe_gemm_wgrad_reference(x, dy, counts.cpu()), counts.cpu(), 500, False)
 
 
@@ -329,8 +332,11 @@ def test_compile_fullgraph_gpu_matches_eager():
     y = compiled(x)
     torch.testing.assert_close(y, eager, rtol=2e-2, atol=2e-2)
     y.float().pow(2).sum().backward()
+    # Inductor fuses the SiLU and the products in float32 where eager rounds to bf16 in between: the
+    # gradients agree to bf16 rounding as a whole, not element by element near zero.
     for p, g in zip((model.w_gate, model.w_up, model.w_down), grads):
-        torch.testing.assert_close(p.grad, g, rtol=2e-2, atol=2e-2)
+        err = (p.grad.float() - g.float()).norm() / g.float().norm()
+        assert err < 2e-2, f"relative error {err:.3e}"
 
 
 @gpu
@@ -386,8 +392,8 @@ def test_grouped_mm_drop_in_matches_torch():
     check_dw(dw, cutlass_moe.moe_gemm_wgrad_reference(x, dy, counts.cpu()), counts.cpu(), t, False)
     dw32 = cutlass_moe.grouped_mm(x.t(), dy, offs=offs, out_dtype=torch.float32)
     assert dw32.dtype == torch.float32
-    torch.testing.assert_close(dw32, torch._grouped_mm(x.t(), dy, offs=offs, out_dtype=torch.float32),
-                               rtol=1e-2, atol=1e-1)
+    check_dw(dw32, cutlass_moe.moe_gemm_wgrad_reference(x, dy, counts.cpu()), counts.cpu(), t, False, rel=1e-4)
+    torch.testing.assert_close(dw, torch._grouped_mm(x.t(), dy, offs=offs), rtol=2e-2, atol=2e-2)
     # differentiable: x and w get gradients through our ops
     xg, wg = x.clone().requires_grad_(), w.detach().clone().requires_grad_()
     cutlass_moe.grouped_mm(xg, wg, offs=offs).backward(dy)

@@ -23,6 +23,12 @@ inline CUresult checked_cuTensorMapEncodeTiled(CUtensorMap* map, CUtensorMapData
                                                const cuuint32_t* box, const cuuint32_t* element_strides,
                                                CUtensorMapInterleave interleave, CUtensorMapSwizzle swizzle,
                                                CUtensorMapL2promotion l2_promotion, CUtensorMapFloatOOBfill fill) {
+  // The driver encodes in the calling thread's current context. A thread that has made no runtime
+  // call that binds one (PyTorch's autograd engine runs backward on such threads) has none, and the
+  // encode fails with CUDA_ERROR_INVALID_CONTEXT: bind the current device's primary context first.
+  int device = 0;
+  CUTLASS_MOE_CHECK_CUDA(cudaGetDevice(&device));
+  CUTLASS_MOE_CHECK_CUDA(cudaSetDevice(device));
   const CUresult result = cutlass::call_cuTensorMapEncodeTiled(map, type, rank, address, dims, strides, box,
                                                                element_strides, interleave, swizzle, l2_promotion, fill);
   if (result != CUDA_SUCCESS) {

@@ -198,13 +198,16 @@ struct MoeWgradProblem {
 // Sizes, strides, dtypes, layout; no pointers. Messages start with the Python argument's name.
 void check_wgrad_layout(const MoeWgradProblem& problem);
 
-// Workspace bytes moe_gemm_wgrad needs for `problem` on `device` (check_wgrad_layout only).
-size_t wgrad_workspace_size(const MoeWgradProblem& problem, int device);
+// The wgrad families are grouped GEMMs: backend kGrouped (sm90, CUTLASS's ptr-array grouped GEMM) or
+// kSm80Grouped (CUTLASS 2.x GemmGrouped); kAuto takes kGrouped on Hopper where built, else kSm80Grouped.
 
-// Runs the weight gradient on `stream`, on the current device, with the wgrad family this build
-// has for it (sm90 on Hopper, sm80 on Ampere/Ada). workspace: wgrad_workspace_size() bytes,
-// 256-byte aligned. Never synchronizes, never allocates.
-void moe_gemm_wgrad(const MoeWgradProblem& problem, void* workspace, size_t workspace_bytes, cudaStream_t stream);
+// Workspace bytes moe_gemm_wgrad needs for `problem` on `device` (check_wgrad_layout only).
+size_t wgrad_workspace_size(const MoeWgradProblem& problem, Backend backend, int device);
+
+// Runs the weight gradient on `stream`, on the current device. workspace: wgrad_workspace_size()
+// bytes, 256-byte aligned. Never synchronizes, never allocates.
+void moe_gemm_wgrad(const MoeWgradProblem& problem, Backend backend, void* workspace, size_t workspace_bytes,
+                    cudaStream_t stream);
 
 // Writes zeros to the rows of out that no expert owns, [start[E-1] + rows[E-1], T) (reads the
 // counts on the device): makes a new output fully defined at the cost of its tail alone.

@@ -236,7 +236,8 @@ def _moe_gemm_backward(ctx, grad):
         grad_x = _moe_gemm_op(grad, weights, tokens_per_expert, not ctx.trans_b, ctx.backend, "auto")
     if ctx.needs_input_grad[1]:
         # wgrad: dW_e = x_e^T @ dy_e, in the weights' shape and dtype.
-        grad_weights = _moe_gemm_wgrad_op(x, grad, tokens_per_expert, ctx.trans_b, None)
+        grad_weights = _moe_gemm_wgrad_op(x, grad, tokens_per_expert, ctx.trans_b, None,
+                                          _WGRAD_BACKEND_OF[ctx.backend])
     return grad_x, grad_weights, None, None, None, None
 
 
@@ -320,7 +321,13 @@ def moe_gemm(
 
 # ---- weight gradient ---------------------------------------------------------------------------
 
-def _check_wgrad(x, grad_out, tokens_per_expert, trans_b, out, accumulate) -> Tuple[int, int, int, int]:
+_WGRAD_BACKENDS = ("auto", "grouped", "sm80_grouped")
+# The wgrad family of a forward family: the same arch.
+_WGRAD_BACKEND_OF = {"auto": "auto", "moe": "grouped", "grouped": "grouped", "sm80_moe": "sm80_grouped",
+                     "sm80_grouped": "sm80_grouped"}
+
+
+def _check_wgrad(x, grad_out, tokens_per_expert, trans_b, out, accumulate, backend) -> Tuple[int, int, int, int]:
     """Returns (T, K, E, N); E comes from the counts."""
     _check_tensor("x", x, 2)
     _check_tensor("grad_out", grad_out, 2)
@@ -335,6 +342,8 @@ def _check_wgrad(x, grad_out, tokens_per_expert, trans_b, out, accumulate) -> Tu
         raise TypeError(f"trans_b: expected a bool, got {type(trans_b).__name__}")
     if not isinstance(accumulate, bool):
         raise TypeError(f"accumulate: expected a bool, got {type(accumulate).__name__}")
+    if backend not in _WGRAD_BACKENDS:
+        raise ValueError(f"backend: expected one of {list(_WGRAD_BACKENDS)} (the wgrad families), got {backend!r}")
     _check_tensor("tokens_per_expert", tokens_per_expert, 1)
     num_tokens, k = x.shape
     n = grad_out.shape[1]
@@ -357,7 +366,8 @@ def _check_wgrad(x, grad_out, tokens_per_expert, trans_b, out, accumulate) -> Tu
     return num_tokens, k, num_experts, n
 
 
-def _moe_gemm_wgrad_impl(x, grad_out, tokens_per_expert, trans_b, out, accumulate, out_dtype) -> torch.Tensor:
+def _moe_gemm_wgrad_impl(x, grad_out, tokens_per_expert, trans_b, out, accumulate, out_dtype,
+                         backend) -> torch.Tensor:
     num_tokens, k = x.shape
     n = grad_out.shape[1]
     num_experts = tokens_per_expert.shape[0]
@@ -381,12 +391,13 @@ def _moe_gemm_wgrad_impl(x, grad_out, tokens_per_expert, trans_b, out, accumulat
     layout, ldw = _weight_layout(out, trans_b, name="out")
     device = x.device.index
     dtype, out_dtype_id = _DTYPES[x.dtype], (_FP32 if out.dtype == torch.float32 else _DTYPES[x.dtype])
-    ws_bytes = _wgrad_workspace_size(dtype, out_dtype_id, layout, num_tokens, num_experts, n, k, device)
+    backend_id = _BACKENDS[backend]
+    ws_bytes = _wgrad_workspace_size(dtype, out_dtype_id, layout, num_tokens, num_experts, n, k, backend_id, device)
     workspace = _new_workspace(ws_bytes, x.device) if ws_bytes else None
     counts = tokens_per_expert
     if counts.device != x.device:
         counts = counts.to(x.device, non_blocking=True)
-    _on_device(device, _C.wgrad, dtype, out_dtype_id, layout, _COUNT_TYPES[counts.dtype], accumulate,
+    _on_device(device, _C.wgrad, backend_id, dtype, out_dtype_id, layout, _COUNT_TYPES[counts.dtype], accumulate,
                num_tokens, num_experts, n, k, x.data_ptr(), x.stride(0) if num_tokens > 1 else k,
                grad_out.data_ptr(), grad_out.stride(0) if num_tokens > 1 else n,
                out.data_ptr(), ldw, out.stride(0) if num_experts > 1 else 0, counts.data_ptr(),
@@ -396,18 +407,18 @@ def _moe_gemm_wgrad_impl(x, grad_out, tokens_per_expert, trans_b, out, accumulat
 
 @torch.library.custom_op("cutlass_moe::moe_gemm_wgrad", mutates_args=())
 def _moe_gemm_wgrad_op(x: torch.Tensor, grad_out: torch.Tensor, tokens_per_expert: torch.Tensor, trans_b: bool,
-                       out_dtype: Optional[torch.dtype]) -> torch.Tensor:
-    return _moe_gemm_wgrad_impl(x, grad_out, tokens_per_expert, trans_b, None, False, out_dtype)
+                       out_dtype: Optional[torch.dtype], backend: str) -> torch.Tensor:
+    return _moe_gemm_wgrad_impl(x, grad_out, tokens_per_expert, trans_b, None, False, out_dtype, backend)
 
 
 @_moe_gemm_wgrad_op.register_fake
-def _moe_gemm_wgrad_fake(x, grad_out, tokens_per_expert, trans_b, out_dtype):
+def _moe_gemm_wgrad_fake(x, grad_out, tokens_per_expert, trans_b, out_dtype, backend):
     e, k, n = tokens_per_expert.shape[0], x.shape[1], grad_out.shape[1]
     return x.new_empty((e, n, k) if trans_b else (e, k, n), dtype=out_dtype or x.dtype)
 
 
 def _moe_gemm_wgrad_setup_context(ctx, inputs, output):
-    x, grad_out, tokens_per_expert, trans_b, out_dtype = inputs
+    x, grad_out, tokens_per_expert, trans_b, out_dtype, backend = inputs
     ctx.trans_b = trans_b
     ctx.save_for_backward(x, grad_out, tokens_per_expert)
 
@@ -416,13 +427,13 @@ def _moe_gemm_wgrad_backward(ctx, grad):
     # W_e = x_e^T dy_e (K x N, or its transpose): d x_e = dy_e G_e^T, d dy_e = x_e G_e, both the
     # forward op with G (the incoming gradient, in W's layout) read one way or the other.
     x, grad_out, tokens_per_expert = ctx.saved_tensors
-    g = grad.to(x.dtype)
+    g = grad.to(x.dtype).contiguous()  # an incoming gradient may be an expanded view (stride 0)
     grad_x = grad_dy = None
     if ctx.needs_input_grad[0]:
         grad_x = _moe_gemm_op(grad_out, g, tokens_per_expert, not ctx.trans_b, "auto", "auto")
     if ctx.needs_input_grad[1]:
         grad_dy = _moe_gemm_op(x, g, tokens_per_expert, ctx.trans_b, "auto", "auto")
-    return grad_x, grad_dy, None, None, None
+    return grad_x, grad_dy, None, None, None, None
 
 
 _moe_gemm_wgrad_op.register_autograd(_moe_gemm_wgrad_backward, setup_context=_moe_gemm_wgrad_setup_context)
@@ -436,6 +447,7 @@ def moe_gemm_wgrad(
     trans_b: bool = False,
     out: Optional[torch.Tensor] = None,
     accumulate: bool = False,
+    backend: str = "auto",
 ) -> torch.Tensor:
     """The weight gradient of :func:`moe_gemm`: ``dW[e] = x[rows_e]^T @ grad_out[rows_e]``.
 
@@ -452,6 +464,9 @@ def moe_gemm_wgrad(
             dimensions contiguous (its layout is read off the strides, like the forward's weights).
         accumulate: add into ``out`` (a float32 buffer, e.g. Megatron's ``main_grad``) instead of
             overwriting it.
+        backend: ``"grouped"`` (sm90: CUTLASS's ptr-array grouped GEMM, one group per expert whose
+            reduction length is its row count), ``"sm80_grouped"`` (CUTLASS 2.x GemmGrouped; Ampere,
+            Ada, and Hopper as a fallback), or ``"auto"`` (the first where it runs).
 
     Returns:
         dW. An expert with no rows gets exact zeros, or is left untouched when accumulating.
@@ -460,7 +475,7 @@ def moe_gemm_wgrad(
     The gradient of x (dgrad) needs no kernel of its own: it is
     ``moe_gemm(grad_out, weights, tokens_per_expert, trans_b=not trans_b)``.
     """
-    _check_wgrad(x, grad_out, tokens_per_expert, trans_b, out, accumulate)
+    _check_wgrad(x, grad_out, tokens_per_expert, trans_b, out, accumulate, backend)
     if out is None and _records_graph(x, grad_out):
-        return _moe_gemm_wgrad_op(x, grad_out, tokens_per_expert, trans_b, None)
-    return _moe_gemm_wgrad_impl(x, grad_out, tokens_per_expert, trans_b, out, accumulate, None)
+        return _moe_gemm_wgrad_op(x, grad_out, tokens_per_expert, trans_b, None, backend)
+    return _moe_gemm_wgrad_impl(x, grad_out, tokens_per_expert, trans_b, out, accumulate, None, backend)

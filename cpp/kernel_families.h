@@ -25,7 +25,7 @@
   };
 
 // The weight-gradient families: one instance per (input dtype, output dtype, config); both dW
-// layouts share it (wgrad_common.h).
+// layouts share it (wgrad_common.cuh).
 #define CUTLASS_MOE_DECLARE_WGRAD_FAMILY(NAME)                                                   \
   template <DType kDType, DType kOutDType, KernelConfig kConfig>                                 \
   struct NAME {                                                                                  \

@@ -86,10 +86,11 @@ PYBIND11_MODULE(_C, m) {
           return plan_moe_gemm(p, static_cast<Backend>(backend), static_cast<KernelConfig>(config), device);
         });
 
+  // run_moe_gemm, then (zero_unowned) zero_unowned_rows: a new output, fully defined, in one call.
   m.def("run",
         [](const MoeGemmPlan& plan, int count_type, uintptr_t x, int64_t ldx, uintptr_t weights, int64_t ldw,
            int64_t expert_stride, uintptr_t out, int64_t ldout, uintptr_t tokens_per_expert, uintptr_t workspace,
-           size_t workspace_bytes, uintptr_t stream) {
+           size_t workspace_bytes, bool zero_unowned, uintptr_t stream) {
           MoeGemmProblem p = make_problem(static_cast<int>(plan.dtype), static_cast<int>(plan.weight_layout),
                                           count_type, plan.num_tokens, plan.num_experts, plan.n, plan.k, ldx, ldw,
                                           expert_stride, ldout);
@@ -99,16 +100,8 @@ PYBIND11_MODULE(_C, m) {
           p.tokens_per_expert = reinterpret_cast<const void*>(tokens_per_expert);
           run_moe_gemm(plan, p, reinterpret_cast<void*>(workspace), workspace_bytes,
                        reinterpret_cast<cudaStream_t>(stream));
+          if (zero_unowned) zero_unowned_rows(p, reinterpret_cast<cudaStream_t>(stream));
         });
-
-  // Zeros the rows of a new output that no expert owns (the counts are read on the device).
-  m.def("zero_unowned_rows", [](int dtype, int count_type, int64_t num_tokens, int64_t num_experts, int64_t n,
-                                uintptr_t out, int64_t ldout, uintptr_t tokens_per_expert, uintptr_t stream) {
-    MoeGemmProblem p = make_problem(dtype, 0, count_type, num_tokens, num_experts, n, /*k=*/0, 0, n, 0, ldout);
-    p.out = reinterpret_cast<void*>(out);
-    p.tokens_per_expert = reinterpret_cast<const void*>(tokens_per_expert);
-    zero_unowned_rows(p, reinterpret_cast<cudaStream_t>(stream));
-  });
 
   // The weight gradient (MoeWgradProblem): its checks without pointers, its workspace, the call.
   auto wgrad_problem = [](int dtype, int out_dtype, int weight_layout, int count_type, bool accumulate,

@@ -1,12 +1,11 @@
 // sm80 (Ampere/Ada, and sm90 as fallback) weight gradient of moe_gemm on CUTLASS 2.x GemmGrouped
 // with device-only scheduling: one group per expert, whose reduction length (the GEMM's K) is the
-// expert's row count, read on the device (wgrad_common.h for the operands).
+// expert's row count, read on the device (wgrad_common.cuh for the operands).
 //
-// One call is two launches on the caller's stream: build_sm80_wgrad_arguments (one CTA: clamped
-// counts -> per-expert GemmCoord, pointers and leading dimensions in the workspace), then the
-// grouped GEMM, D = A . B (+ D when accumulating: beta = 1, C = D). An expert with no rows is a
-// K = 0 group: its tiles run no mainloop iteration (the accumulators start cleared), so dW[e] gets
-// zeros, or stays as it was when accumulating.
+// One call is up to three launches on the caller's stream: build_sm80_wgrad_arguments (one CTA:
+// clamped counts -> per-expert GemmCoord, pointers and leading dimensions in the workspace; an
+// expert with no rows gets m = 0, no tiles: wgrad_common.cuh), zero_empty_experts (unless
+// accumulating), then the grouped GEMM, D = A . B (+ D when accumulating: beta = 1, C = D).
 #pragma once
 
 #include <cutlass/epilogue/thread/linear_combination.h>
@@ -19,7 +18,7 @@
 #include "launch.h"
 #include "launch_facts.h"
 #include "sm80/sm80_common.cuh"
-#include "wgrad_common.h"
+#include "wgrad_common.cuh"
 #include "workspace.h"
 
 namespace cutlass_moe::sm80 {
@@ -63,6 +62,7 @@ struct WgradArrays {
   int64_t* lda;
   int64_t* ldb;
   int64_t* ldd;
+  int64_t* rows;  // each expert's clamped rows, for zero_empty_experts
 };
 
 inline WgradArrays carve_wgrad_arrays(WorkspaceCarver& carver, int64_t num_experts) {
@@ -74,6 +74,7 @@ inline WgradArrays carve_wgrad_arrays(WorkspaceCarver& carver, int64_t num_exper
   arrays.lda    = carver.take<int64_t>(num_experts);
   arrays.ldb    = carver.take<int64_t>(num_experts);
   arrays.ldd    = carver.take<int64_t>(num_experts);
+  arrays.rows   = carver.take<int64_t>(num_experts);
   return arrays;
 }
 
@@ -83,13 +84,14 @@ build_sm80_wgrad_arguments(WgradArrays arrays, const Count* __restrict__ tokens_
                            int64_t num_tokens, int m, int n, const char* a, int64_t lda, const char* b, int64_t ldb,
                            int element_bytes, char* out, int64_t ldd, int64_t expert_stride, int out_bytes) {
   for_each_expert_range(tokens_per_expert, num_experts, num_tokens, [&](int64_t e, int64_t start, int64_t rows) {
-    arrays.shapes[e] = cutlass::gemm::GemmCoord(m, n, static_cast<int>(rows));
+    arrays.shapes[e] = cutlass::gemm::GemmCoord(rows > 0 ? m : 0, n, static_cast<int>(rows));
     arrays.ptr_a[e]  = const_cast<char*>(a + start * lda * element_bytes);
     arrays.ptr_b[e]  = const_cast<char*>(b + start * ldb * element_bytes);
     arrays.ptr_d[e]  = out + e * expert_stride * out_bytes;
     arrays.lda[e]    = lda;
     arrays.ldb[e]    = ldb;
     arrays.ldd[e]    = ldd;
+    arrays.rows[e]   = rows;
   });
 }
 
@@ -128,6 +130,7 @@ void WgradGroupedInstance<kDType, kOutDType, kConfig>::run(const MoeWgradProblem
         static_cast<int>(sizeof(typename K::ElementOut)));
   });
   CUTLASS_MOE_CHECK_CUDA(cudaGetLastError());
+  if (!p.accumulate) launch_zero_empty_experts<typename K::ElementOut>(arrays.rows, p, op, stream);
 
   int device = 0;
   CUTLASS_MOE_CHECK_CUDA(cudaGetDevice(&device));

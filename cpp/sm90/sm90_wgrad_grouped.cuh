@@ -1,13 +1,12 @@
 // sm90 (Hopper) weight gradient of moe_gemm on CUTLASS's persistent ptr-array grouped GEMM: one
 // group per expert, whose reduction length (the GEMM's K) is the expert's row count, read on the
 // device. Both operands run along T in memory (x is T x K, grad_out T x N), so A is MN-major
-// (wgrad_common.h); TMA clips each expert's last K block at its rows.
+// (wgrad_common.cuh); TMA clips each expert's last K block at its rows.
 //
 // One call is up to three launches on the caller's stream:
 //   1. build_wgrad_arguments: one CTA reads tokens_per_expert on the device, clamps the counts
 //      (expert_ranges.cuh), and writes each expert's shape (m, n, rows), A/B/C/D pointers and
-//      strides into the workspace. An expert with no rows gets m = 0: no tiles (CUTLASS's mainloop
-//      would leave a K = 0 tile's accumulators undefined);
+//      strides into the workspace. An expert with no rows gets m = 0: no tiles (wgrad_common.cuh);
 //   2. zero_empty_experts (unless accumulating): zeros dW of the experts with no rows;
 //   3. the CUTLASS grouped GEMM, D = A . B (+ D when accumulating: beta = 1, C = D).
 // The host never reads the counts: capturable in a CUDA graph, and a replay picks up new counts.
@@ -28,7 +27,7 @@
 #include "kernel_families.h"
 #include "launch.h"
 #include "sm90/sm90_common.cuh"
-#include "wgrad_common.h"
+#include "wgrad_common.cuh"
 #include "workspace.h"
 
 namespace cutlass_moe::sm90 {
@@ -133,23 +132,6 @@ build_wgrad_arguments(WgradArrays<K> arrays, const Count* __restrict__ tokens_pe
   });
 }
 
-// Zeros D[e] (m x n, row-major, leading dimension ldd) of every expert with no rows. Grid: (blocks
-// per expert, experts at a time); 16-byte stores (rows are whole 16-byte vectors: check_wgrad_layout).
-template <class Element>
-__global__ void zero_empty_experts(const int64_t* __restrict__ rows, int64_t num_experts, Element* out, int64_t m,
-                                   int64_t n, int64_t ldd, int64_t expert_stride) {
-  constexpr int kVector = 16 / sizeof(Element);
-  const int64_t vectors_per_row = n / kVector;
-  for (int64_t e = blockIdx.y; e < num_experts; e += gridDim.y) {
-    if (rows[e] != 0) continue;
-    Element* d = out + e * expert_stride;
-    for (int64_t v = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; v < m * vectors_per_row;
-         v += int64_t(gridDim.x) * blockDim.x) {
-      *reinterpret_cast<uint4*>(d + (v / vectors_per_row) * ldd + (v % vectors_per_row) * kVector) = uint4{0, 0, 0, 0};
-    }
-  }
-}
-
 template <class K>
 typename K::Gemm::Arguments make_wgrad_arguments(const WgradArrays<K>& arrays, int64_t num_experts, bool accumulate,
                                                  int device, int sm_count) {
@@ -194,15 +176,7 @@ void WgradGroupedInstance<kDType, kOutDType, kConfig>::run(const MoeWgradProblem
         p.expert_stride);
   });
   CUTLASS_MOE_CHECK_CUDA(cudaGetLastError());
-  if (!p.accumulate) {
-    constexpr int kThreads = 256;
-    const int64_t vectors = op.m * (op.n * int64_t(sizeof(ElementOut)) / 16);
-    const dim3 grid(static_cast<unsigned>(std::min<int64_t>((vectors + kThreads - 1) / kThreads, 64)),
-                    static_cast<unsigned>(std::min<int64_t>(p.num_experts, 65535)));
-    zero_empty_experts<<<grid, kThreads, 0, stream>>>(arrays.rows, p.num_experts, out, op.m, op.n, p.ldw,
-                                                       p.expert_stride);
-    CUTLASS_MOE_CHECK_CUDA(cudaGetLastError());
-  }
+  if (!p.accumulate) launch_zero_empty_experts<ElementOut>(arrays.rows, p, op, stream);
   int device = 0;
   CUTLASS_MOE_CHECK_CUDA(cudaGetDevice(&device));
   run_device_gemm<typename K::Gemm>(make_wgrad_arguments<K>(arrays, p.num_experts, p.accumulate, device, sm_count),

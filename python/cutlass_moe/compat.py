@@ -55,6 +55,5 @@ def grouped_mm(mat_a: torch.Tensor, mat_b: torch.Tensor, offs: Optional[torch.Te
         return moe_gemm(mat_a, mat_b, _counts_from_offsets(offs))
     if (ours and mat_b.dim() == 2 and out_dtype in (None, mat_a.dtype, torch.float32) and mat_a.stride(0) == 1
             and mat_b.stride(-1) == 1):
-        dw = moe_gemm_wgrad(mat_a.t(), mat_b, _counts_from_offsets(offs))
-        return dw if out_dtype in (None, dw.dtype) else dw.to(out_dtype)
+        return moe_gemm_wgrad(mat_a.t(), mat_b, _counts_from_offsets(offs), out_dtype=out_dtype)
     return torch._grouped_mm(mat_a, mat_b, offs=offs, bias=bias, out_dtype=out_dtype)

@@ -188,23 +188,20 @@ def _moe_gemm_impl(x, weights, tokens_per_expert, trans_b, out, backend, config)
     counts = tokens_per_expert
     if counts.device != x.device:
         counts = counts.to(x.device, non_blocking=True)
-    ldout = out.stride(0) if num_tokens > 1 else n
-    if num_experts > 0:
-        ws_bytes = plan.workspace_bytes
-        workspace = _new_workspace(ws_bytes, x.device) if ws_bytes else None
-        _on_device(device, _C.run, plan, _COUNT_TYPES[counts.dtype],
-                   x.data_ptr(), x.stride(0) if num_tokens > 1 else k,
-                   weights.data_ptr(), ldw, weights.stride(0) if num_experts > 1 else 0,
-                   out.data_ptr(), ldout, counts.data_ptr(), workspace.data_ptr() if ws_bytes else 0, ws_bytes,
-                   _stream(device))
-    if new_output:
-        if tokens_per_expert.device.type == "cpu":  # the host knows where the owned rows end
-            end = expert_row_ranges(tokens_per_expert, num_tokens)[-1][1] if num_experts else 0
-            if end < num_tokens:
-                out[end:].zero_()
-        else:
-            _on_device(device, _C.zero_unowned_rows, dtype, _COUNT_TYPES[counts.dtype], num_tokens, num_experts, n,
-                       out.data_ptr(), ldout, counts.data_ptr(), _stream(device))
+    # A new output's rows past the owned rows become zeros: in the same core call where the counts are
+    # on the device (a zero fill over the tail alone), by the host where it knows where they end.
+    zero_tail = new_output and tokens_per_expert.device.type != "cpu"
+    if new_output and not zero_tail:
+        end = int(tokens_per_expert.sum())  # counts on the CPU: checked >= 0, summing to at most T
+        if end < num_tokens:
+            out[end:].zero_()
+    ws_bytes = plan.workspace_bytes
+    workspace = _new_workspace(ws_bytes, x.device) if ws_bytes else None
+    _on_device(device, _C.run, plan, _COUNT_TYPES[counts.dtype],
+               x.data_ptr(), x.stride(0) if num_tokens > 1 else k,
+               weights.data_ptr(), ldw, weights.stride(0) if num_experts > 1 else 0,
+               out.data_ptr(), out.stride(0) if num_tokens > 1 else n, counts.data_ptr(),
+               workspace.data_ptr() if ws_bytes else 0, ws_bytes, zero_tail, _stream(device))
     return out
 
 
@@ -227,30 +224,55 @@ def _moe_gemm_setup_context(ctx, inputs, output):
                           weights if ctx.needs_input_grad[0] else None, tokens_per_expert)
 
 
-def _moe_gemm_backward(ctx, grad):
+def _moe_gemm_grads(ctx, grad, traced: bool):
+    """(dx, dW). traced: through the registered ops (torch.compile, export); else through the
+    public functions (eager: no dispatcher cost, and differentiable again under create_graph)."""
     x, weights, tokens_per_expert = ctx.saved_tensors
     grad_x = grad_weights = None
     grad = grad.contiguous()
     if ctx.needs_input_grad[0]:
         # dgrad: dx_e = dy_e @ W_e^T, the forward op with the weights in the other layout (no copy).
-        grad_x = _moe_gemm_op(grad, weights, tokens_per_expert, not ctx.trans_b, ctx.backend, "auto")
+        if traced:
+            grad_x = _moe_gemm_op(grad, weights, tokens_per_expert, not ctx.trans_b, ctx.backend, "auto")
+        else:
+            grad_x = moe_gemm(grad, weights, tokens_per_expert, trans_b=not ctx.trans_b, backend=ctx.backend)
     if ctx.needs_input_grad[1]:
-        # wgrad: dW_e = x_e^T @ dy_e, in the weights' shape and dtype.
-        grad_weights = _moe_gemm_wgrad_op(x, grad, tokens_per_expert, ctx.trans_b, None,
-                                          _WGRAD_BACKEND_OF[ctx.backend])
-    return grad_x, grad_weights, None, None, None, None
+        # wgrad: dW_e = x_e^T @ dy_e, in the weights' shape and dtype, on the forward family's arch.
+        backend = _WGRAD_BACKEND_OF[ctx.backend]
+        if traced:
+            grad_weights = _moe_gemm_wgrad_op(x, grad, tokens_per_expert, ctx.trans_b, None, backend)
+        else:
+            grad_weights = moe_gemm_wgrad(x, grad, tokens_per_expert, trans_b=ctx.trans_b, backend=backend)
+    return grad_x, grad_weights
 
 
-_moe_gemm_op.register_autograd(_moe_gemm_backward, setup_context=_moe_gemm_setup_context)
+_moe_gemm_op.register_autograd(lambda ctx, grad: (*_moe_gemm_grads(ctx, grad, traced=True), None, None, None, None),
+                               setup_context=_moe_gemm_setup_context)
+
+
+class _MoeGemmFunction(torch.autograd.Function):
+    """Eager autograd of moe_gemm: the registered op's forward and backward, without its dispatch
+    cost (a torch.library op defined in Python costs tens of microseconds per call, measured in
+    benchmarks/training_bench.py's host table)."""
+
+    @staticmethod
+    def forward(x, weights, tokens_per_expert, trans_b, backend, config):
+        return _moe_gemm_impl(x, weights, tokens_per_expert, trans_b, None, backend, config)
+
+    setup_context = staticmethod(_moe_gemm_setup_context)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return (*_moe_gemm_grads(ctx, grad, traced=False), None, None, None, None)
+
+
+def _traced(*tensors) -> bool:
+    """Whether the call is being traced (torch.compile, export, fake or meta tensors): it must go
+    through the registered op, which those see."""
+    return torch.compiler.is_compiling() or any(t.device.type == "meta" for t in tensors)
 
 
 def _records_graph(*tensors) -> bool:
-    """Whether a call must go through the registered op: it records an autograd graph, or it is
-    being traced (torch.compile, export, fake tensors)."""
-    if torch.compiler.is_compiling():
-        return True
-    if any(t.device.type == "meta" for t in tensors):
-        return True
     return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
@@ -314,8 +336,11 @@ def moe_gemm(
         True
     """
     _check_moe_gemm(x, weights, tokens_per_expert, trans_b, out, backend, config)
-    if out is None and _records_graph(x, weights):
-        return _moe_gemm_op(x, weights, tokens_per_expert, trans_b, backend, config)
+    if out is None:
+        if _traced(x, weights):
+            return _moe_gemm_op(x, weights, tokens_per_expert, trans_b, backend, config)
+        if _records_graph(x, weights):
+            return _MoeGemmFunction.apply(x, weights, tokens_per_expert, trans_b, backend, config)
     return _moe_gemm_impl(x, weights, tokens_per_expert, trans_b, out, backend, config)
 
 
@@ -423,20 +448,35 @@ def _moe_gemm_wgrad_setup_context(ctx, inputs, output):
     ctx.save_for_backward(x, grad_out, tokens_per_expert)
 
 
-def _moe_gemm_wgrad_backward(ctx, grad):
+def _moe_gemm_wgrad_grads(ctx, grad, traced: bool):
     # W_e = x_e^T dy_e (K x N, or its transpose): d x_e = dy_e G_e^T, d dy_e = x_e G_e, both the
     # forward op with G (the incoming gradient, in W's layout) read one way or the other.
     x, grad_out, tokens_per_expert = ctx.saved_tensors
     g = grad.to(x.dtype).contiguous()  # an incoming gradient may be an expanded view (stride 0)
-    grad_x = grad_dy = None
-    if ctx.needs_input_grad[0]:
-        grad_x = _moe_gemm_op(grad_out, g, tokens_per_expert, not ctx.trans_b, "auto", "auto")
-    if ctx.needs_input_grad[1]:
-        grad_dy = _moe_gemm_op(x, g, tokens_per_expert, ctx.trans_b, "auto", "auto")
-    return grad_x, grad_dy, None, None, None, None
+    gemm = ((lambda a, w, trans_b: _moe_gemm_op(a, w, tokens_per_expert, trans_b, "auto", "auto")) if traced
+            else (lambda a, w, trans_b: moe_gemm(a, w, tokens_per_expert, trans_b=trans_b)))
+    grad_x = gemm(grad_out, g, not ctx.trans_b) if ctx.needs_input_grad[0] else None
+    grad_dy = gemm(x, g, ctx.trans_b) if ctx.needs_input_grad[1] else None
+    return grad_x, grad_dy
 
 
-_moe_gemm_wgrad_op.register_autograd(_moe_gemm_wgrad_backward, setup_context=_moe_gemm_wgrad_setup_context)
+_moe_gemm_wgrad_op.register_autograd(
+    lambda ctx, grad: (*_moe_gemm_wgrad_grads(ctx, grad, traced=True), None, None, None, None),
+    setup_context=_moe_gemm_wgrad_setup_context)
+
+
+class _MoeGemmWgradFunction(torch.autograd.Function):
+    """Eager autograd of moe_gemm_wgrad (see _MoeGemmFunction)."""
+
+    @staticmethod
+    def forward(x, grad_out, tokens_per_expert, trans_b, out_dtype, backend):
+        return _moe_gemm_wgrad_impl(x, grad_out, tokens_per_expert, trans_b, None, False, out_dtype, backend)
+
+    setup_context = staticmethod(_moe_gemm_wgrad_setup_context)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return (*_moe_gemm_wgrad_grads(ctx, grad, traced=False), None, None, None, None)
 
 
 def moe_gemm_wgrad(
@@ -447,6 +487,7 @@ def moe_gemm_wgrad(
     trans_b: bool = False,
     out: Optional[torch.Tensor] = None,
     accumulate: bool = False,
+    out_dtype: Optional[torch.dtype] = None,
     backend: str = "auto",
 ) -> torch.Tensor:
     """The weight gradient of :func:`moe_gemm`: ``dW[e] = x[rows_e]^T @ grad_out[rows_e]``.
@@ -464,6 +505,7 @@ def moe_gemm_wgrad(
             dimensions contiguous (its layout is read off the strides, like the forward's weights).
         accumulate: add into ``out`` (a float32 buffer, e.g. Megatron's ``main_grad``) instead of
             overwriting it.
+        out_dtype: dW's dtype without ``out``: x's (the default) or torch.float32.
         backend: ``"grouped"`` (sm90: CUTLASS's ptr-array grouped GEMM, one group per expert whose
             reduction length is its row count), ``"sm80_grouped"`` (CUTLASS 2.x GemmGrouped; Ampere,
             Ada, and Hopper as a fallback), or ``"auto"`` (the first where it runs).
@@ -476,6 +518,13 @@ def moe_gemm_wgrad(
     ``moe_gemm(grad_out, weights, tokens_per_expert, trans_b=not trans_b)``.
     """
     _check_wgrad(x, grad_out, tokens_per_expert, trans_b, out, accumulate, backend)
-    if out is None and _records_graph(x, grad_out):
-        return _moe_gemm_wgrad_op(x, grad_out, tokens_per_expert, trans_b, None, backend)
-    return _moe_gemm_wgrad_impl(x, grad_out, tokens_per_expert, trans_b, out, accumulate, None, backend)
+    if out_dtype not in (None, x.dtype, torch.float32):
+        raise TypeError(f"out_dtype: expected None, {x.dtype} (x's) or torch.float32, got {out_dtype}")
+    if out is not None and out_dtype not in (None, out.dtype):
+        raise TypeError(f"out_dtype: {out_dtype} does not match out's {out.dtype}")
+    if out is None:
+        if _traced(x, grad_out):
+            return _moe_gemm_wgrad_op(x, grad_out, tokens_per_expert, trans_b, out_dtype, backend)
+        if _records_graph(x, grad_out):
+            return _MoeGemmWgradFunction.apply(x, grad_out, tokens_per_expert, trans_b, out_dtype, backend)
+    return _moe_gemm_wgrad_impl(x, grad_out, tokens_per_expert, trans_b, out, accumulate, out_dtype, backend)

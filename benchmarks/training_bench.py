@@ -53,6 +53,11 @@ def shape_data(name, cases, counts_by_case):
     return case, counts, x, w, dy
 
 
+def wgrad_configs():
+    """The sm90 wgrad configs of this build (bf16 in and out)."""
+    return [name.split(":")[4] for name in cutlass_moe.built_configs() if name.startswith("sm90:wgrad:bf16:bf16:")]
+
+
 def part_wgrad(cases, counts_by_case, write_tbps):
     print(f"\nwgrad (write bandwidth measured: {write_tbps:.2f} TB/s)")
     print(f"{'shape':<20} {'zero E':>6} {'ours ms':>8} {'torch ms':>8} {'speedup':>7} {'floor ms':>8} {'%floor':>7} "
@@ -65,13 +70,16 @@ def part_wgrad(cases, counts_by_case, write_tbps):
         offs = torch.cumsum(counts_gpu, 0, dtype=torch.int32)
         ours = lambda: cutlass_moe.moe_gemm_wgrad(x, dy, counts_gpu)
         theirs = lambda: torch._grouped_mm(x.t(), dy, offs=offs)
+        configs = {c: (lambda c=c: cutlass_moe.moe_gemm_wgrad(x, dy, counts_gpu, backend="grouped", config=c))
+                   for c in wgrad_configs()}
         main_grad = torch.zeros(e, k, n, device="cuda")
         acc = lambda: cutlass_moe.moe_gemm_wgrad(x, dy, counts_gpu, out=main_grad, accumulate=True)
         got, ref = ours().float(), theirs().float()
         err = max(float((got[i] - ref[i]).norm() / ref[i].norm().clamp_min(1e-30)) for i in range(e)
                   if int(counts[i]) > 0)
         times = {}
-        for order in ((ours, theirs, acc), (acc, theirs, ours)):
+        runners = [ours, theirs, acc] + (list(configs.values()) if len(configs) > 1 else [])
+        for order in (runners, runners[::-1]):
             for fn in order:
                 times[fn] = min(times.get(fn, math.inf), bench._do_bench(fn, 25, 100))
         active = int((counts > 0).sum())
@@ -80,7 +88,8 @@ def part_wgrad(cases, counts_by_case, write_tbps):
         floor = max(flops_ms, bytes_ms)
         fractions.append(floor / times[ours])
         print(f"{name:<20} {e - active:>6} {times[ours]:8.3f} {times[theirs]:8.3f} {times[theirs] / times[ours]:7.2f} "
-              f"{floor:8.3f} {100 * floor / times[ours]:6.1f}% {times[acc]:11.3f} {err:8.1e}")
+              f"{floor:8.3f} {100 * floor / times[ours]:6.1f}% {times[acc]:11.3f} {err:8.1e}"
+              + ("".join(f"  {c}={times[fn]:.3f}" for c, fn in configs.items()) if len(configs) > 1 else ""))
         del main_grad, x, w, dy
         torch.cuda.empty_cache()
     geo = math.exp(sum(math.log(f) for f in fractions) / len(fractions))

@@ -145,7 +145,8 @@ const Instance& find_instance(const MoeGemmProblem& p, Backend backend, KernelCo
 
 // The wgrad instance of `backend` for the problem's dtypes on `device` (kAuto: sm90 on Hopper where
 // built, else an sm80 one with machine code for the device).
-const WgradInstance& find_wgrad_instance(const MoeWgradProblem& p, Backend backend, int device) {
+const WgradInstance& find_wgrad_instance(const MoeWgradProblem& p, Backend backend, KernelConfig config,
+                                         int device) {
   CUTLASS_MOE_CHECK_ARG(backend == Backend::kAuto || backend == Backend::kGrouped || backend == Backend::kSm80Grouped,
                         "backend: the wgrad families are 'auto', 'grouped' (sm90) and 'sm80_grouped', got '"
                             << backend_name(backend) << "'");
@@ -156,12 +157,13 @@ const WgradInstance& find_wgrad_instance(const MoeWgradProblem& p, Backend backe
     const bool sm90 = std::string(inst.arch) == "sm90";
     if (!runs_on(sm90 ? Backend::kGrouped : Backend::kSm80Grouped, cc)) continue;
     if (backend != Backend::kAuto && (backend == Backend::kGrouped) != sm90) continue;
-    if (sm90 || !found) found = &inst;
+    if (config != KernelConfig::kAuto && inst.config != config) continue;
+    if (!found || (sm90 && std::string(found->arch) != "sm90")) found = &inst;
   }
   CUTLASS_MOE_CHECK(found != nullptr, Status::kNotSupported,
-                    "this build has no " << backend_name(backend) << " wgrad kernel for " << dtype_name(p.dtype)
-                                         << " with a " << dtype_name(p.out_dtype) << " output on device " << device
-                                         << " (sm" << cc << ")");
+                    "this build has no " << backend_name(backend) << " wgrad kernel, config " << config_name(config)
+                                         << ", for " << dtype_name(p.dtype) << " with a " << dtype_name(p.out_dtype)
+                                         << " output on device " << device << " (sm" << cc << ")");
   return *found;
 }
 
@@ -381,14 +383,15 @@ void check_wgrad_layout(const MoeWgradProblem& p) {
                                                    << " elements must be a multiple of 8 (16 bytes) and >= N = " << p.n);
 }
 
-size_t wgrad_workspace_size(const MoeWgradProblem& p, Backend backend, int device) {
+size_t wgrad_workspace_size(const MoeWgradProblem& p, Backend backend, KernelConfig config, int device) {
   check_wgrad_layout(p);
   if (p.num_experts == 0 || p.n == 0 || p.k == 0) return 0;
-  return find_wgrad_instance(p, backend, device).workspace_size(p.num_experts, device_facts(device).sm_count);
+  return find_wgrad_instance(p, backend, config, device).workspace_size(p.num_experts,
+                                                                        device_facts(device).sm_count);
 }
 
-void moe_gemm_wgrad(const MoeWgradProblem& p, Backend backend, void* workspace, size_t workspace_bytes,
-                    cudaStream_t stream) {
+void moe_gemm_wgrad(const MoeWgradProblem& p, Backend backend, KernelConfig config, void* workspace,
+                    size_t workspace_bytes, cudaStream_t stream) {
   check_wgrad_layout(p);
   if (p.num_experts == 0 || p.n == 0 || p.k == 0) return;
   CUTLASS_MOE_CHECK_ARG(p.tokens_per_expert != nullptr, "tokens_per_expert: null data pointer");
@@ -402,7 +405,7 @@ void moe_gemm_wgrad(const MoeWgradProblem& p, Backend backend, void* workspace, 
   }
   int device = 0;
   CUTLASS_MOE_CHECK_CUDA(cudaGetDevice(&device));
-  const WgradInstance& inst = find_wgrad_instance(p, backend, device);
+  const WgradInstance& inst = find_wgrad_instance(p, backend, config, device);
   const int sm_count = device_facts(device).sm_count;
   const size_t needed = inst.workspace_size(p.num_experts, sm_count);
   CUTLASS_MOE_CHECK(workspace_bytes >= needed, Status::kWorkspaceTooSmall,

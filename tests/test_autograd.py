@@ -151,8 +151,8 @@ def _opcheck(device):
     torch.library.opcheck(torch.ops.cutlass_moe.moe_gemm.default, (x, w, counts, False, "auto", "auto"))
     torch.library.opcheck(torch.ops.cutlass_moe.moe_gemm.default,
                           (x, w.detach().transpose(1, 2).contiguous().requires_grad_(), counts, True, "auto", "auto"))
-    torch.library.opcheck(torch.ops.cutlass_moe.moe_gemm_wgrad.default, (x, dy, counts, False, None, "auto"))
-    torch.library.opcheck(torch.ops.cutlass_moe.moe_gemm_wgrad.default, (x, dy, counts, True, torch.float32, "auto"))
+    torch.library.opcheck(torch.ops.cutlass_moe.moe_gemm_wgrad.default, (x, dy, counts, False, None, "auto", "auto"))
+    torch.library.opcheck(torch.ops.cutlass_moe.moe_gemm_wgrad.default, (x, dy, counts, True, torch.float32, "auto", "auto"))
 
 
 def test_opcheck_cpu():

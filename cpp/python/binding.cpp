@@ -130,13 +130,14 @@ PYBIND11_MODULE(_C, m) {
                                      num_experts, n, k, ldx, ld_grad_out, ldw, expert_stride));
   });
   m.def("wgrad_workspace_size", [=](int dtype, int out_dtype, int weight_layout, int64_t num_tokens,
-                                    int64_t num_experts, int64_t n, int64_t k, int backend, int device) {
+                                    int64_t num_experts, int64_t n, int64_t k, int backend, int config,
+                                    int device) {
     const int64_t ldw = static_cast<WeightLayout>(weight_layout) == WeightLayout::kKN ? n : k;
     return wgrad_workspace_size(wgrad_problem(dtype, out_dtype, weight_layout, 0, false, num_tokens, num_experts,
                                               n, k, k, n, ldw, ldw * (ldw == n ? k : n)),
-                                static_cast<Backend>(backend), device);
+                                static_cast<Backend>(backend), static_cast<KernelConfig>(config), device);
   });
-  m.def("wgrad", [=](int backend, int dtype, int out_dtype, int weight_layout, int count_type, bool accumulate,
+  m.def("wgrad", [=](int backend, int config, int dtype, int out_dtype, int weight_layout, int count_type, bool accumulate,
                      int64_t num_tokens, int64_t num_experts, int64_t n, int64_t k, uintptr_t x, int64_t ldx,
                      uintptr_t grad_out, int64_t ld_grad_out, uintptr_t out, int64_t ldw, int64_t expert_stride,
                      uintptr_t tokens_per_expert, uintptr_t workspace, size_t workspace_bytes, uintptr_t stream) {
@@ -146,8 +147,8 @@ PYBIND11_MODULE(_C, m) {
     p.grad_out = reinterpret_cast<const void*>(grad_out);
     p.out = reinterpret_cast<void*>(out);
     p.tokens_per_expert = reinterpret_cast<const void*>(tokens_per_expert);
-    moe_gemm_wgrad(p, static_cast<Backend>(backend), reinterpret_cast<void*>(workspace), workspace_bytes,
-                   reinterpret_cast<cudaStream_t>(stream));
+    moe_gemm_wgrad(p, static_cast<Backend>(backend), static_cast<KernelConfig>(config),
+                   reinterpret_cast<void*>(workspace), workspace_bytes, reinterpret_cast<cudaStream_t>(stream));
   });
 
   // The heuristics' picks for these sizes: (backend, config), with backend kAuto resolved first.

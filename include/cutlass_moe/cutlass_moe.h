@@ -199,15 +199,16 @@ struct MoeWgradProblem {
 void check_wgrad_layout(const MoeWgradProblem& problem);
 
 // The wgrad families are grouped GEMMs: backend kGrouped (sm90, CUTLASS's ptr-array grouped GEMM) or
-// kSm80Grouped (CUTLASS 2.x GemmGrouped); kAuto takes kGrouped on Hopper where built, else kSm80Grouped.
+// kSm80Grouped (CUTLASS 2.x GemmGrouped); kAuto takes kGrouped on Hopper where built, else
+// kSm80Grouped. config kAuto takes the family's first built config (CUTLASS_MOE_*_WGRAD_CONFIGS).
 
 // Workspace bytes moe_gemm_wgrad needs for `problem` on `device` (check_wgrad_layout only).
-size_t wgrad_workspace_size(const MoeWgradProblem& problem, Backend backend, int device);
+size_t wgrad_workspace_size(const MoeWgradProblem& problem, Backend backend, KernelConfig config, int device);
 
 // Runs the weight gradient on `stream`, on the current device. workspace: wgrad_workspace_size()
 // bytes, 256-byte aligned. Never synchronizes, never allocates.
-void moe_gemm_wgrad(const MoeWgradProblem& problem, Backend backend, void* workspace, size_t workspace_bytes,
-                    cudaStream_t stream);
+void moe_gemm_wgrad(const MoeWgradProblem& problem, Backend backend, KernelConfig config, void* workspace,
+                    size_t workspace_bytes, cudaStream_t stream);
 
 // Writes zeros to the rows of out that no expert owns, [start[E-1] + rows[E-1], T) (reads the
 // counts on the device): makes a new output fully defined at the cost of its tail alone.

@@ -121,6 +121,11 @@ def select_config(num_tokens: int, num_experts: int, n: int, k: int, backend: st
 
 # ---- forward -----------------------------------------------------------------------------------
 
+def _check_config(config) -> None:
+    if config not in _CONFIGS:
+        raise ValueError(f"config: expected 'auto' or one of {sorted(n for n in _CONFIGS if n != 'auto')}, got {config!r}")
+
+
 def _check_moe_gemm(x, weights, tokens_per_expert, trans_b, out, backend, config) -> Tuple[int, int, int, int]:
     """Everything a user can get wrong that is visible without reading data; returns (T, K, E, N)."""
     _check_tensor("x", x, 2)
@@ -132,8 +137,7 @@ def _check_moe_gemm(x, weights, tokens_per_expert, trans_b, out, backend, config
         raise TypeError(f"trans_b: expected a bool, got {type(trans_b).__name__}")
     if backend not in _BACKENDS:
         raise ValueError(f"backend: expected one of {sorted(_BACKENDS)}, got {backend!r}")
-    if config not in _CONFIGS:
-        raise ValueError(f"config: expected 'auto' or one of {sorted(n for n in _CONFIGS if n != 'auto')}, got {config!r}")
+    _check_config(config)
     num_tokens, k = x.shape
     num_experts = weights.shape[0]
     wk, n = (weights.shape[2], weights.shape[1]) if trans_b else (weights.shape[1], weights.shape[2])
@@ -240,7 +244,7 @@ def _moe_gemm_grads(ctx, grad, traced: bool):
         # wgrad: dW_e = x_e^T @ dy_e, in the weights' shape and dtype, on the forward family's arch.
         backend = _WGRAD_BACKEND_OF[ctx.backend]
         if traced:
-            grad_weights = _moe_gemm_wgrad_op(x, grad, tokens_per_expert, ctx.trans_b, None, backend)
+            grad_weights = _moe_gemm_wgrad_op(x, grad, tokens_per_expert, ctx.trans_b, None, backend, "auto")
         else:
             grad_weights = moe_gemm_wgrad(x, grad, tokens_per_expert, trans_b=ctx.trans_b, backend=backend)
     return grad_x, grad_weights
@@ -392,8 +396,8 @@ def _check_wgrad(x, grad_out, tokens_per_expert, trans_b, out, accumulate, backe
     return num_tokens, k, num_experts, n
 
 
-def _moe_gemm_wgrad_impl(x, grad_out, tokens_per_expert, trans_b, out, accumulate, out_dtype,
-                         backend) -> torch.Tensor:
+def _moe_gemm_wgrad_impl(x, grad_out, tokens_per_expert, trans_b, out, accumulate, out_dtype, backend,
+                         config) -> torch.Tensor:
     num_tokens, k = x.shape
     n = grad_out.shape[1]
     num_experts = tokens_per_expert.shape[0]
@@ -417,13 +421,14 @@ def _moe_gemm_wgrad_impl(x, grad_out, tokens_per_expert, trans_b, out, accumulat
     layout, ldw = _weight_layout(out, trans_b, name="out")
     device = x.device.index
     dtype, out_dtype_id = _DTYPES[x.dtype], (_FP32 if out.dtype == torch.float32 else _DTYPES[x.dtype])
-    backend_id = _BACKENDS[backend]
-    ws_bytes = _wgrad_workspace_size(dtype, out_dtype_id, layout, num_tokens, num_experts, n, k, backend_id, device)
+    backend_id, config_id = _BACKENDS[backend], _CONFIGS[config]
+    ws_bytes = _wgrad_workspace_size(dtype, out_dtype_id, layout, num_tokens, num_experts, n, k, backend_id, config_id,
+                                     device)
     workspace = _new_workspace(ws_bytes, x.device) if ws_bytes else None
     counts = tokens_per_expert
     if counts.device != x.device:
         counts = counts.to(x.device, non_blocking=True)
-    _on_device(device, _C.wgrad, backend_id, dtype, out_dtype_id, layout, _COUNT_TYPES[counts.dtype], accumulate,
+    _on_device(device, _C.wgrad, backend_id, config_id, dtype, out_dtype_id, layout, _COUNT_TYPES[counts.dtype], accumulate,
                num_tokens, num_experts, n, k, x.data_ptr(), x.stride(0) if num_tokens > 1 else k,
                grad_out.data_ptr(), grad_out.stride(0) if num_tokens > 1 else n,
                out.data_ptr(), ldw, out.stride(0) if num_experts > 1 else 0, counts.data_ptr(),
@@ -433,18 +438,18 @@ def _moe_gemm_wgrad_impl(x, grad_out, tokens_per_expert, trans_b, out, accumulat
 
 @torch.library.custom_op("cutlass_moe::moe_gemm_wgrad", mutates_args=())
 def _moe_gemm_wgrad_op(x: torch.Tensor, grad_out: torch.Tensor, tokens_per_expert: torch.Tensor, trans_b: bool,
-                       out_dtype: Optional[torch.dtype], backend: str) -> torch.Tensor:
-    return _moe_gemm_wgrad_impl(x, grad_out, tokens_per_expert, trans_b, None, False, out_dtype, backend)
+                       out_dtype: Optional[torch.dtype], backend: str, config: str) -> torch.Tensor:
+    return _moe_gemm_wgrad_impl(x, grad_out, tokens_per_expert, trans_b, None, False, out_dtype, backend, config)
 
 
 @_moe_gemm_wgrad_op.register_fake
-def _moe_gemm_wgrad_fake(x, grad_out, tokens_per_expert, trans_b, out_dtype, backend):
+def _moe_gemm_wgrad_fake(x, grad_out, tokens_per_expert, trans_b, out_dtype, backend, config):
     e, k, n = tokens_per_expert.shape[0], x.shape[1], grad_out.shape[1]
     return x.new_empty((e, n, k) if trans_b else (e, k, n), dtype=out_dtype or x.dtype)
 
 
 def _moe_gemm_wgrad_setup_context(ctx, inputs, output):
-    x, grad_out, tokens_per_expert, trans_b, out_dtype, backend = inputs
+    x, grad_out, tokens_per_expert, trans_b, out_dtype, backend, config = inputs
     ctx.trans_b = trans_b
     ctx.save_for_backward(x, grad_out, tokens_per_expert)
 
@@ -462,7 +467,7 @@ def _moe_gemm_wgrad_grads(ctx, grad, traced: bool):
 
 
 _moe_gemm_wgrad_op.register_autograd(
-    lambda ctx, grad: (*_moe_gemm_wgrad_grads(ctx, grad, traced=True), None, None, None, None),
+    lambda ctx, grad: (*_moe_gemm_wgrad_grads(ctx, grad, traced=True), None, None, None, None, None),
     setup_context=_moe_gemm_wgrad_setup_context)
 
 
@@ -470,13 +475,13 @@ class _MoeGemmWgradFunction(torch.autograd.Function):
     """Eager autograd of moe_gemm_wgrad (see _MoeGemmFunction)."""
 
     @staticmethod
-    def forward(ctx, x, grad_out, tokens_per_expert, trans_b, out_dtype, backend):
-        _moe_gemm_wgrad_setup_context(ctx, (x, grad_out, tokens_per_expert, trans_b, out_dtype, backend), None)
-        return _moe_gemm_wgrad_impl(x, grad_out, tokens_per_expert, trans_b, None, False, out_dtype, backend)
+    def forward(ctx, x, grad_out, tokens_per_expert, trans_b, out_dtype, backend, config):
+        _moe_gemm_wgrad_setup_context(ctx, (x, grad_out, tokens_per_expert, trans_b, out_dtype, backend, config), None)
+        return _moe_gemm_wgrad_impl(x, grad_out, tokens_per_expert, trans_b, None, False, out_dtype, backend, config)
 
     @staticmethod
     def backward(ctx, grad):
-        return (*_moe_gemm_wgrad_grads(ctx, grad, traced=False), None, None, None, None)
+        return (*_moe_gemm_wgrad_grads(ctx, grad, traced=False), None, None, None, None, None)
 
 
 def moe_gemm_wgrad(
@@ -489,6 +494,7 @@ def moe_gemm_wgrad(
     accumulate: bool = False,
     out_dtype: Optional[torch.dtype] = None,
     backend: str = "auto",
+    config: str = "auto",
 ) -> torch.Tensor:
     """The weight gradient of :func:`moe_gemm`: ``dW[e] = x[rows_e]^T @ grad_out[rows_e]``.
 
@@ -509,6 +515,8 @@ def moe_gemm_wgrad(
         backend: ``"grouped"`` (sm90: CUTLASS's ptr-array grouped GEMM, one group per expert whose
             reduction length is its row count), ``"sm80_grouped"`` (CUTLASS 2.x GemmGrouped; Ampere,
             Ada, and Hopper as a fallback), or ``"auto"`` (the first where it runs).
+        config: ``"auto"`` (the family's first built config) or a config name of the family from
+            :func:`cutlass_moe.built_configs` (``arch:wgrad:dtype:out_dtype:config``).
 
     Returns:
         dW. An expert with no rows gets exact zeros, or is left untouched when accumulating.
@@ -518,13 +526,14 @@ def moe_gemm_wgrad(
     ``moe_gemm(grad_out, weights, tokens_per_expert, trans_b=not trans_b)``.
     """
     _check_wgrad(x, grad_out, tokens_per_expert, trans_b, out, accumulate, backend)
+    _check_config(config)
     if out_dtype not in (None, x.dtype, torch.float32):
         raise TypeError(f"out_dtype: expected None, {x.dtype} (x's) or torch.float32, got {out_dtype}")
     if out is not None and out_dtype not in (None, out.dtype):
         raise TypeError(f"out_dtype: {out_dtype} does not match out's {out.dtype}")
     if out is None:
         if _traced(x, grad_out):
-            return _moe_gemm_wgrad_op(x, grad_out, tokens_per_expert, trans_b, out_dtype, backend)
+            return _moe_gemm_wgrad_op(x, grad_out, tokens_per_expert, trans_b, out_dtype, backend, config)
         if _records_graph(x, grad_out):
-            return _MoeGemmWgradFunction.apply(x, grad_out, tokens_per_expert, trans_b, out_dtype, backend)
-    return _moe_gemm_wgrad_impl(x, grad_out, tokens_per_expert, trans_b, out, accumulate, out_dtype, backend)
+            return _MoeGemmWgradFunction.apply(x, grad_out, tokens_per_expert, trans_b, out_dtype, backend, config)
+    return _moe_gemm_wgrad_impl(x, grad_out, tokens_per_expert, trans_b, out, accumulate, out_dtype, backend, config)

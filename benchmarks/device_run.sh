@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One batch on the GPU machine: install the CUTLASS wheel carried in .whl/, build, run the tests,
-# the benchmark and the host-overhead measurement. Logs go to $OUT (or ./device_out).
+# the benchmark and the host time per call (training_bench.py --parts host). Logs go to $OUT (or ./device_out).
 #
 # To run (from the device tool, carrying .whl): bash benchmarks/device_run.sh [pytest args...]
 #   Env: BUILD_DEFINES="-C cmake.define.X=Y ..." extra build options; BENCH_ARGS extra bench options;
@@ -30,7 +30,7 @@ if [ -n "${SANITIZE:-}" ]; then
   (cd "$src" && OUT="$OUT" bash benchmarks/sanitize.sh)  # from the repo root, like the build
 fi
 if [ -z "${SKIP_BENCH:-}" ]; then
-  python3 "$src/benchmarks/host_overhead.py" 2>&1 | tee "$OUT/host_overhead.log"
+  python3 "$src/benchmarks/training_bench.py" --parts host 2>&1 | tee "$OUT/host_overhead.log"
   python3 -m cutlass_moe.bench --json "$OUT/bench.json" ${BENCH_ARGS:-} 2>"$OUT/bench.err" | tee "$OUT/bench.log"
   tail -3 "$OUT/bench.err"
 fi

@@ -123,7 +123,8 @@ def select_config(num_tokens: int, num_experts: int, n: int, k: int, backend: st
 
 def _check_config(config) -> None:
     if config not in _CONFIGS:
-        raise ValueError(f"config: expected 'auto' or one of {sorted(n for n in _CONFIGS if n != 'auto')}, got {config!r}")
+        names = sorted(n for n in _CONFIGS if n != "auto")
+        raise ValueError(f"config: expected 'auto' or one of {names}, got {config!r}")
 
 
 def _check_moe_gemm(x, weights, tokens_per_expert, trans_b, out, backend, config) -> Tuple[int, int, int, int]:
@@ -143,7 +144,8 @@ def _check_moe_gemm(x, weights, tokens_per_expert, trans_b, out, backend, config
     wk, n = (weights.shape[2], weights.shape[1]) if trans_b else (weights.shape[1], weights.shape[2])
     if wk != k:
         dims = "(E, N, K)" if trans_b else "(E, K, N)"
-        raise ValueError(f"weights: expected shape {dims} with K = {k} (x is {tuple(x.shape)}), got {tuple(weights.shape)}")
+        raise ValueError(
+            f"weights: expected shape {dims} with K = {k} (x is {tuple(x.shape)}), got {tuple(weights.shape)}")
     if weights.device != x.device:
         raise ValueError(f"weights: on {weights.device}, expected x's device {x.device}")
     _check_counts(tokens_per_expert, num_experts, x.device)
@@ -422,14 +424,14 @@ def _moe_gemm_wgrad_impl(x, grad_out, tokens_per_expert, trans_b, out, accumulat
     device = x.device.index
     dtype, out_dtype_id = _DTYPES[x.dtype], (_FP32 if out.dtype == torch.float32 else _DTYPES[x.dtype])
     backend_id, config_id = _BACKENDS[backend], _CONFIGS[config]
-    ws_bytes = _wgrad_workspace_size(dtype, out_dtype_id, layout, num_tokens, num_experts, n, k, backend_id, config_id,
-                                     device)
+    ws_bytes = _wgrad_workspace_size(dtype, out_dtype_id, layout, num_tokens, num_experts, n, k, backend_id,
+                                     config_id, device)
     workspace = _new_workspace(ws_bytes, x.device) if ws_bytes else None
     counts = tokens_per_expert
     if counts.device != x.device:
         counts = counts.to(x.device, non_blocking=True)
-    _on_device(device, _C.wgrad, backend_id, config_id, dtype, out_dtype_id, layout, _COUNT_TYPES[counts.dtype], accumulate,
-               num_tokens, num_experts, n, k, x.data_ptr(), x.stride(0) if num_tokens > 1 else k,
+    _on_device(device, _C.wgrad, backend_id, config_id, dtype, out_dtype_id, layout, _COUNT_TYPES[counts.dtype],
+               accumulate, num_tokens, num_experts, n, k, x.data_ptr(), x.stride(0) if num_tokens > 1 else k,
                grad_out.data_ptr(), grad_out.stride(0) if num_tokens > 1 else n,
                out.data_ptr(), ldw, out.stride(0) if num_experts > 1 else 0, counts.data_ptr(),
                workspace.data_ptr() if ws_bytes else 0, ws_bytes, _stream(device))
@@ -476,7 +478,8 @@ class _MoeGemmWgradFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, grad_out, tokens_per_expert, trans_b, out_dtype, backend, config):
-        _moe_gemm_wgrad_setup_context(ctx, (x, grad_out, tokens_per_expert, trans_b, out_dtype, backend, config), None)
+        inputs = (x, grad_out, tokens_per_expert, trans_b, out_dtype, backend, config)
+        _moe_gemm_wgrad_setup_context(ctx, inputs, None)
         return _moe_gemm_wgrad_impl(x, grad_out, tokens_per_expert, trans_b, None, False, out_dtype, backend, config)
 
     @staticmethod

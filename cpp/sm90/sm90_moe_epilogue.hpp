@@ -20,7 +20,9 @@
 //   kReadsOutput        whether visit() needs out's current values (accumulating into out)
 //   begin_tile(expert)  once per tile and thread, before its visits (per-expert state: a bias row)
 //   visit(acc, row, col) the accumulators of out[row][col], out[row][col + 1] (row and col index
-//                       out and the accumulator columns), returning kOutputsPerPair values
+//                       out and the accumulator columns), returning kOutputsPerPair values. Rows
+//                       past the expert's last row (a partial tile) are visited too and their
+//                       values never stored: a fusion that reads per-row data must bound the row.
 // These epilogues implement kOutputsPerPair == 2 and kReadsOutput == false; the gated store (half
 // the columns) and the source read are added with the first fusion that needs them.
 #pragma once

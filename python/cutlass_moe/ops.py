@@ -14,7 +14,7 @@ from typing import Optional, Tuple
 import torch
 
 from . import _C
-from .reference import expert_row_ranges, moe_gemm_reference, moe_gemm_wgrad_reference
+from .reference import moe_gemm_reference, moe_gemm_wgrad_reference
 
 # Enum values and limits of the C++ API (include/cutlass_moe/cutlass_moe.h), read from the build.
 _DTYPES = {torch.float16: _C.dtypes()["fp16"], torch.bfloat16: _C.dtypes()["bf16"]}
@@ -54,15 +54,19 @@ def _check_counts(counts, num_experts: int, device: torch.device) -> None:
         raise ValueError(f"tokens_per_expert: on {counts.device}, expected x's device {device} or the CPU")
 
 
-def _check_host_counts(counts: torch.Tensor, num_tokens: int) -> None:
-    """Counts on the CPU are checked on the host (at run time, not while tracing)."""
-    if counts.device.type != "cpu" or counts.numel() == 0:
-        return
+def _check_host_counts(counts: torch.Tensor, num_tokens: int) -> Optional[int]:
+    """Counts on the CPU are checked on the host (at run time, not while tracing). Returns their
+    sum, where the owned rows end, or None for counts on the device."""
+    if counts.device.type != "cpu":
+        return None
+    if counts.numel() == 0:
+        return 0
     if bool((counts < 0).any()):
         raise ValueError(f"tokens_per_expert: counts must be >= 0, got {counts.tolist()}")
     total = int(counts.sum())
     if total > num_tokens:
         raise ValueError(f"tokens_per_expert: counts sum to {total}, more than the {num_tokens} rows of x")
+    return total
 
 
 def _weight_layout(weights: torch.Tensor, trans_b: bool, name: str = "weights") -> Tuple[int, int]:
@@ -168,7 +172,7 @@ def _moe_gemm_impl(x, weights, tokens_per_expert, trans_b, out, backend, config)
     num_tokens, k = x.shape
     num_experts = weights.shape[0]
     n = weights.shape[1] if trans_b else weights.shape[2]
-    _check_host_counts(tokens_per_expert, num_tokens)
+    owned_end = _check_host_counts(tokens_per_expert, num_tokens)
     if x.device.type == "cpu":
         if out is None:
             return moe_gemm_reference(x, weights, tokens_per_expert, trans_b=trans_b).to(x.dtype)
@@ -196,11 +200,9 @@ def _moe_gemm_impl(x, weights, tokens_per_expert, trans_b, out, backend, config)
         counts = counts.to(x.device, non_blocking=True)
     # A new output's rows past the owned rows become zeros: in the same core call where the counts are
     # on the device (a zero fill over the tail alone), by the host where it knows where they end.
-    zero_tail = new_output and tokens_per_expert.device.type != "cpu"
-    if new_output and not zero_tail:
-        end = int(tokens_per_expert.sum())  # counts on the CPU: checked >= 0, summing to at most T
-        if end < num_tokens:
-            out[end:].zero_()
+    zero_tail = new_output and owned_end is None
+    if new_output and owned_end is not None and owned_end < num_tokens:
+        out[owned_end:].zero_()
     ws_bytes = plan.workspace_bytes
     workspace = _new_workspace(ws_bytes, x.device) if ws_bytes else None
     _on_device(device, _C.run, plan, _COUNT_TYPES[counts.dtype],

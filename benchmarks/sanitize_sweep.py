@@ -11,7 +11,7 @@ The reference runs on the CPU (no extra kernels under the sanitizer). A call is 
 expert's relative error is >= 1e-2 or a row past the last owned row was written (it must stay NaN).
 One line per call; exits 1 if any call was wrong or raised, 2 if nothing could run here.
 
-The weight-gradient families (arch:wgrad:...) get one checked ragged call each (with an fp32
+The weight-gradient families (arch:wgrad_<family>:...) get one checked ragged call each (with an fp32
 output, one more that accumulates into it) in the full and small modes.
 
 Modes: full (the sweep: per kernel = per (backend, config) pair in built_configs(), the whole set of
@@ -213,11 +213,12 @@ class Sweep:
             return False
 
     def wgrad(self, kernel: Kernel, p: Problem, seed: int) -> bool:
-        """One checked weight-gradient call (kernel: arch:wgrad:dtype:out_dtype:config), and with an
-        fp32 output one more that accumulates into it. Returns False if the CUDA context is gone."""
+        """One checked weight-gradient call (kernel: arch:wgrad_<family>:dtype:out_dtype:config), and
+        with an fp32 output one more that accumulates into it. Returns False if the CUDA context is
+        gone."""
         import cutlass_moe
         shape = f"E={p.e} T={p.t} K={p.k} N={p.n}"
-        backend = "grouped" if kernel.arch == "sm90" else "sm80_grouped"
+        backend = kernel.backend[len("wgrad_"):]
         out_dtype = torch.float32 if kernel.layout == "fp32" else kernel.torch_dtype
         start = time.time()
         try:
@@ -393,13 +394,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     started = time.time()
     seed = 0
     alive = True
-    wgrad_kernels = [k for k in kernels if k.backend == "wgrad"] if args.mode != "graph" else []
+    wgrad_kernels = [k for k in kernels if k.backend.startswith("wgrad_")] if args.mode != "graph" else []
     for kernel in wgrad_kernels:  # the weight-gradient families, one checked call each
         seed += 1
         alive = sweep.wgrad(kernel, small() if args.mode != "full" else ragged(), seed)
         if not alive:
             break
-    kernels = [k for k in kernels if k.backend != "wgrad"] if alive else []
+    kernels = [k for k in kernels if not k.backend.startswith("wgrad_")] if alive else []
     for primary, others in group_by_pair(kernels):
         targets = [primary] + (others if args.every_instance else [])
         for kernel in targets:

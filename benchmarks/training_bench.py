@@ -53,9 +53,14 @@ def shape_data(name, cases, counts_by_case):
     return case, counts, x, w, dy
 
 
-def wgrad_configs():
-    """The sm90 wgrad configs of this build (bf16 in and out)."""
-    return [name.split(":")[4] for name in cutlass_moe.built_configs() if name.startswith("sm90:wgrad:bf16:bf16:")]
+def wgrad_families():
+    """The sm90 wgrad families of this build with a bf16 instance, and its config: {family: config}."""
+    families = {}
+    for name in cutlass_moe.built_configs():
+        arch, family, dtype, out_dtype, config = name.split(":")
+        if arch == "sm90" and family.startswith("wgrad_") and dtype == out_dtype == "bf16":
+            families.setdefault(family[len("wgrad_"):], config)
+    return families
 
 
 def part_wgrad(cases, counts_by_case, write_tbps):
@@ -70,8 +75,8 @@ def part_wgrad(cases, counts_by_case, write_tbps):
         offs = torch.cumsum(counts_gpu, 0, dtype=torch.int32)
         ours = lambda: cutlass_moe.moe_gemm_wgrad(x, dy, counts_gpu)
         theirs = lambda: torch._grouped_mm(x.t(), dy, offs=offs)
-        configs = {c: (lambda c=c: cutlass_moe.moe_gemm_wgrad(x, dy, counts_gpu, backend="grouped", config=c))
-                   for c in wgrad_configs()}
+        configs = {f: (lambda f=f: cutlass_moe.moe_gemm_wgrad(x, dy, counts_gpu, backend=f))
+                   for f in wgrad_families()}
         main_grad = torch.zeros(e, k, n, device="cuda")
         acc = lambda: cutlass_moe.moe_gemm_wgrad(x, dy, counts_gpu, out=main_grad, accumulate=True)
         got, ref = ours().float(), theirs().float()

@@ -6,6 +6,7 @@
 //   sm90::MoeGemmInstance      our MoE kernel on CUTLASS 3 parts    sm90/sm90_moe_gemm.cuh
 //   sm80::GroupedGemmInstance  CUTLASS 2 GemmGrouped (device-only)  sm80/sm80_grouped_gemm.cuh
 //   sm80::MoeGemmInstance      our MoE kernel on CUTLASS 2 parts    sm80/sm80_moe_gemm.cuh
+//   sm90::WgradMoeInstance     weight gradient, our MoE kernel       sm90/sm90_wgrad_moe.cuh
 //   sm90::WgradGroupedInstance weight gradient, CUTLASS 3 ptr-array  sm90/sm90_wgrad_grouped.cuh
 //   sm80::WgradGroupedInstance weight gradient, CUTLASS 2 grouped    sm80/sm80_wgrad_grouped.cuh
 #pragma once
@@ -37,6 +38,7 @@
 namespace cutlass_moe::sm90 {
 CUTLASS_MOE_DECLARE_FAMILY(GroupedGemmInstance)
 CUTLASS_MOE_DECLARE_FAMILY(MoeGemmInstance)
+CUTLASS_MOE_DECLARE_WGRAD_FAMILY(WgradMoeInstance)
 CUTLASS_MOE_DECLARE_WGRAD_FAMILY(WgradGroupedInstance)
 }  // namespace cutlass_moe::sm90
 

@@ -59,6 +59,7 @@ const std::vector<Instance>& instances() {
 // The weight-gradient families: one instance per (arch, input dtype, output dtype, config).
 struct WgradInstance {
   const char* arch;  // "sm90" or "sm80"
+  Backend backend;   // kMoe, kGrouped (sm90) or kSm80Grouped
   DType dtype;
   DType out_dtype;
   KernelConfig config;
@@ -66,15 +67,21 @@ struct WgradInstance {
   void (*run)(const MoeWgradProblem&, void*, size_t, int, cudaStream_t);
 };
 
-#define CUTLASS_MOE_WGRAD_INSTANCE(ARCH, DTYPE, OUT_DTYPE, CONFIG)                                        \
-  WgradInstance{#ARCH, DType::DTYPE, DType::OUT_DTYPE, KernelConfig::CONFIG,                             \
-                &ARCH::WgradGroupedInstance<DType::DTYPE, DType::OUT_DTYPE, KernelConfig::CONFIG>::workspace_size, \
-                &ARCH::WgradGroupedInstance<DType::DTYPE, DType::OUT_DTYPE, KernelConfig::CONFIG>::run},
-#define CUTLASS_MOE_SM90_WGRAD_INSTANCE(DTYPE, OUT_DTYPE, CONFIG) CUTLASS_MOE_WGRAD_INSTANCE(sm90, DTYPE, OUT_DTYPE, CONFIG)
-#define CUTLASS_MOE_SM80_WGRAD_INSTANCE(DTYPE, OUT_DTYPE, CONFIG) CUTLASS_MOE_WGRAD_INSTANCE(sm80, DTYPE, OUT_DTYPE, CONFIG)
+#define CUTLASS_MOE_WGRAD_INSTANCE(ARCH, BACKEND, FAMILY, DTYPE, OUT_DTYPE, CONFIG)                        \
+  WgradInstance{#ARCH, Backend::BACKEND, DType::DTYPE, DType::OUT_DTYPE, KernelConfig::CONFIG,           \
+                &ARCH::FAMILY<DType::DTYPE, DType::OUT_DTYPE, KernelConfig::CONFIG>::workspace_size,      \
+                &ARCH::FAMILY<DType::DTYPE, DType::OUT_DTYPE, KernelConfig::CONFIG>::run},
+#define CUTLASS_MOE_SM90_WGRAD_MOE_INSTANCE(DTYPE, OUT_DTYPE, CONFIG) \
+  CUTLASS_MOE_WGRAD_INSTANCE(sm90, kMoe, WgradMoeInstance, DTYPE, OUT_DTYPE, CONFIG)
+#define CUTLASS_MOE_SM90_WGRAD_INSTANCE(DTYPE, OUT_DTYPE, CONFIG) \
+  CUTLASS_MOE_WGRAD_INSTANCE(sm90, kGrouped, WgradGroupedInstance, DTYPE, OUT_DTYPE, CONFIG)
+#define CUTLASS_MOE_SM80_WGRAD_INSTANCE(DTYPE, OUT_DTYPE, CONFIG) \
+  CUTLASS_MOE_WGRAD_INSTANCE(sm80, kSm80Grouped, WgradGroupedInstance, DTYPE, OUT_DTYPE, CONFIG)
 
+// In order of preference for backend kAuto.
 const std::vector<WgradInstance>& wgrad_instances() {
   static const std::vector<WgradInstance> table = {
+#include "sm90_wgrad_moe_instances.inc"
 #include "sm90_wgrad_instances.inc"
 #include "sm80_wgrad_instances.inc"
   };
@@ -83,6 +90,7 @@ const std::vector<WgradInstance>& wgrad_instances() {
 
 #undef CUTLASS_MOE_SM80_WGRAD_INSTANCE
 #undef CUTLASS_MOE_SM90_WGRAD_INSTANCE
+#undef CUTLASS_MOE_SM90_WGRAD_MOE_INSTANCE
 #undef CUTLASS_MOE_WGRAD_INSTANCE
 
 // Compute capabilities the sm80 families carry machine code for (CMake's CUTLASS_MOE_ARCHS).
@@ -143,22 +151,23 @@ const Instance& find_instance(const MoeGemmProblem& p, Backend backend, KernelCo
                           << layout_name(p.weight_layout) << ", config " << config_name(config));
 }
 
-// The wgrad instance of `backend` for the problem's dtypes on `device` (kAuto: sm90 on Hopper where
-// built, else an sm80 one with machine code for the device).
+// The wgrad instance of `backend` for the problem's dtypes on `device` (kAuto: the first built one
+// that runs there, in the table's order: sm90 MoE, sm90 grouped, sm80 grouped).
 const WgradInstance& find_wgrad_instance(const MoeWgradProblem& p, Backend backend, KernelConfig config,
                                          int device) {
-  CUTLASS_MOE_CHECK_ARG(backend == Backend::kAuto || backend == Backend::kGrouped || backend == Backend::kSm80Grouped,
-                        "backend: the wgrad families are 'auto', 'grouped' (sm90) and 'sm80_grouped', got '"
+  CUTLASS_MOE_CHECK_ARG(backend == Backend::kAuto || backend == Backend::kMoe || backend == Backend::kGrouped ||
+                            backend == Backend::kSm80Grouped,
+                        "backend: the wgrad families are 'auto', 'moe' and 'grouped' (sm90) and 'sm80_grouped', got '"
                             << backend_name(backend) << "'");
   const int cc = device_facts(device).cc;
   const WgradInstance* found = nullptr;
   for (const WgradInstance& inst : wgrad_instances()) {
     if (inst.dtype != p.dtype || inst.out_dtype != p.out_dtype) continue;
-    const bool sm90 = std::string(inst.arch) == "sm90";
-    if (!runs_on(sm90 ? Backend::kGrouped : Backend::kSm80Grouped, cc)) continue;
-    if (backend != Backend::kAuto && (backend == Backend::kGrouped) != sm90) continue;
+    if (!runs_on(inst.backend, cc)) continue;
+    if (backend != Backend::kAuto && inst.backend != backend) continue;
     if (config != KernelConfig::kAuto && inst.config != config) continue;
-    if (!found || (sm90 && std::string(found->arch) != "sm90")) found = &inst;
+    found = &inst;
+    break;
   }
   CUTLASS_MOE_CHECK(found != nullptr, Status::kNotSupported,
                     "this build has no " << backend_name(backend) << " wgrad kernel, config " << config_name(config)
@@ -436,7 +445,7 @@ std::vector<std::string> built_instances() {
     names.push_back(os.str());
   }
   for (const WgradInstance& inst : wgrad_instances()) {
-    names.push_back(std::string(inst.arch) + ":wgrad:" + dtype_name(inst.dtype) + ":" + dtype_name(inst.out_dtype) +
+    names.push_back(std::string(inst.arch) + ":wgrad_" + backend_name(inst.backend) + ":" + dtype_name(inst.dtype) + ":" + dtype_name(inst.out_dtype) +
                     ":" + config_name(inst.config));
   }
   return names;

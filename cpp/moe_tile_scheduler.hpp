@@ -12,6 +12,10 @@
 // only grow, so the window only moves forward: O(E / 32) scans per role over the whole kernel.
 //
 // Counts are clamped by expert_rows.hpp's rule, so no count vector places a tile outside x or out.
+//
+// How many row tiles an expert has is the RowTiles policy: the forward tiles the expert's rows
+// (RaggedRowTiles); the weight gradient tiles dW[e], whose size does not depend on the count
+// (FixedRowTiles), and the count is the tile's reduction length instead.
 #pragma once
 
 #include <cstdint>
@@ -24,15 +28,27 @@ namespace cutlass_moe {
 
 struct MoeTile {
   int expert;
-  int m_tile;     // tile row inside the expert
+  int m_tile;     // tile row inside the expert (the forward's rows; dW[e]'s rows in the wgrad)
   int n_tile;
   int row_start;  // first row of x / out the expert owns
-  int rows;       // rows the expert owns (> m_tile * kTileM)
+  int rows;       // rows the expert owns (forward: > m_tile * kTileM; wgrad: the reduction length)
   bool valid;
 };
 
+// Row tiles that cover an expert's `rows` (rows + kTileM - 1 fits in an int: T <= kMaxTokens).
 template <int kTileM>
-class MoeTileScheduler {
+struct RaggedRowTiles {
+  CUTLASS_HOST_DEVICE int operator()(int rows) const { return (rows + kTileM - 1) / kTileM; }
+};
+
+// The same row tiles for every expert, whatever its rows.
+struct FixedRowTiles {
+  int tiles;
+  CUTLASS_HOST_DEVICE int operator()(int /*rows*/) const { return tiles; }
+};
+
+template <class RowTiles>
+class ExpertTileScheduler {
  public:
   struct Params {
     const void* tokens_per_expert;
@@ -40,9 +56,10 @@ class MoeTileScheduler {
     int num_experts;
     int num_tokens;
     int tiles_n;
+    RowTiles row_tiles;
   };
 
-  CUTLASS_DEVICE explicit MoeTileScheduler(Params const& params)
+  CUTLASS_DEVICE explicit ExpertTileScheduler(Params const& params)
       : params_(params), lane_(threadIdx.x % 32) {
     load_window(0, 0, 0);
   }
@@ -62,7 +79,7 @@ class MoeTileScheduler {
     const int64_t tiles_incl = __shfl_sync(0xffffffff, tiles_incl_, lane);
     const int row_start = __shfl_sync(0xffffffff, row_start_, lane);
     const int rows = __shfl_sync(0xffffffff, rows_, lane);
-    const int m_tiles = tile_count(rows);
+    const int m_tiles = params_.row_tiles(rows);
     const int64_t in_expert = local - (tiles_incl - int64_t(m_tiles) * params_.tiles_n);
     MoeTile t;
     t.expert = window_base_ + lane;
@@ -100,11 +117,8 @@ class MoeTileScheduler {
     const ExpertRows r = expert_rows(rows_before + incl - count, count, params_.num_tokens);
     row_start_ = static_cast<int>(r.start);
     rows_ = static_cast<int>(r.rows);
-    tiles_incl_ = warp_inclusive_sum(int64_t(tile_count(rows_)) * params_.tiles_n, lane_);
+    tiles_incl_ = warp_inclusive_sum(int64_t(params_.row_tiles(rows_)) * params_.tiles_n, lane_);
   }
-
-  // Row tiles that cover `rows` (rows + kTileM - 1 fits in an int: T <= kMaxTokens).
-  CUTLASS_DEVICE static int tile_count(int rows) { return (rows + kTileM - 1) / kTileM; }
 
   Params params_;
   int lane_;
@@ -115,6 +129,10 @@ class MoeTileScheduler {
   int rows_ = 0;
   int64_t tiles_incl_ = 0;  // tiles of the window's experts up to and including this lane's
 };
+
+// The forward's scheduler: row tiles of kTileM rows of the expert's rows.
+template <int kTileM>
+using MoeTileScheduler = ExpertTileScheduler<RaggedRowTiles<kTileM>>;
 
 // CTAs of a persistent MoE kernel: `slots` CTAs (SMs x CTAs per SM), or fewer when there are fewer
 // tiles. Each expert adds at most one partial row tile, which bounds the tile count above.

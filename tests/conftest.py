@@ -48,6 +48,10 @@ def runs_here(backend: str) -> bool:
     custom build may leave a family's config list empty)."""
     if not HAS_CUDA:
         return False
+    if backend.startswith("wgrad_"):  # a weight-gradient family: wgrad_moe, wgrad_grouped, wgrad_sm80_grouped
+        family = backend[len("wgrad_"):]
+        arch_ok = DEVICE_CC == 90 if family in _SM90_BACKENDS else DEVICE_CC in _sm80_family_ccs()
+        return arch_ok and any(inst[1] == backend for inst in built_instances())
     if backend not in _SM90_BACKENDS + _SM80_BACKENDS:
         return any(runs_here(b) for b in _SM90_BACKENDS + _SM80_BACKENDS)
     arch_ok = DEVICE_CC == 90 if backend in _SM90_BACKENDS else DEVICE_CC in _sm80_family_ccs()
@@ -76,6 +80,13 @@ def backend_param(backend: str, *values):
     """A pytest.param for `backend` that skips, saying why, where it has no kernels for this GPU."""
     return pytest.param(backend, *values, marks=pytest.mark.skipif(
         not runs_here(backend), reason=f"no {backend} kernels for this GPU in this build"))
+
+
+def wgrad_backend_param(family: str):
+    """A pytest.param for the weight-gradient family `family` ("moe", "grouped", "sm80_grouped")
+    that skips, saying why, where it has no kernels for this GPU."""
+    return pytest.param(family, marks=pytest.mark.skipif(
+        not runs_here("wgrad_" + family), reason=f"no {family} wgrad kernels for this GPU in this build"))
 
 
 requires_kernels = pytest.mark.skipif(not runs_here("auto"), reason="no kernels for this GPU in this build")

@@ -9,7 +9,7 @@ import cutlass_moe
 from cutlass_moe import moe_gemm, moe_gemm_wgrad
 from cutlass_moe.reference import assert_close_per_expert, expert_row_ranges, moe_gemm_reference
 
-from conftest import HAS_CUDA, backend_param, random_counts, requires_kernels
+from conftest import HAS_CUDA, backend_param, random_counts, requires_kernels, wgrad_backend_param
 
 BF16 = torch.bfloat16
 
@@ -256,7 +256,7 @@ def test_new_output_is_fully_defined(counts_on):
         assert_close_per_expert(y, x, w, counts.cpu())
 
 
-wgrad_backends = pytest.mark.parametrize("backend", [backend_param("grouped"), backend_param("sm80_grouped")])
+wgrad_backends = pytest.mark.parametrize("backend", [wgrad_backend_param(f) for f in ("moe", "grouped", "sm80_grouped")])
 
 
 @gpu

@@ -326,11 +326,13 @@ def test_compiled_module_reports_its_build():
         fields = name.split(":")
         assert len(fields) == 5, name
         arch, backend, dtype, layout, config = fields
-        if backend == "wgrad":  # arch:wgrad:dtype:out_dtype:config, out_dtype = dtype or fp32
+        if backend.startswith("wgrad_"):  # arch:wgrad_<family>:dtype:out_dtype:config, out_dtype = dtype or fp32
+            family = backend[len("wgrad_"):]
+            assert family in (("moe", "grouped") if arch == "sm90" else ("sm80_grouped",)), name
             assert arch in ("sm90", "sm80") and (arch == "sm80" or "90a" in archs), name
             assert dtype in ("bf16", "fp16") and layout in (dtype, "fp32"), name
             assert config in configs and config.startswith(arch + "_"), name
-            wgrad.setdefault(arch, set()).add((dtype, layout, config))
+            wgrad.setdefault(backend, set()).add((dtype, layout, config))
             continue
         assert dtype in ("bf16", "fp16") and layout in ("kn", "nk"), name
         assert config in configs and config.startswith(arch + "_"), name
@@ -347,10 +349,10 @@ def test_compiled_module_reports_its_build():
             f"{arch}:{backend} is not the product of {sorted(dtypes)} x {sorted(layouts)} x {sorted(family_configs)}: "
             f"{sorted(members)}")
     # The wgrad families: every dtype of the build, each with its own dtype and fp32 as output.
-    for arch, members in wgrad.items():
+    for family, members in wgrad.items():
         family_configs = {c for _, _, c in members}
         expected = {(d, o, c) for d in dtypes for o in (d, "fp32") for c in family_configs}
-        assert members == expected, f"{arch}:wgrad: {sorted(members)}, expected {sorted(expected)}"
+        assert members == expected, f"{family}: {sorted(members)}, expected {sorted(expected)}"
 
 
 def test_bench_counts_follow_the_public_recipe():

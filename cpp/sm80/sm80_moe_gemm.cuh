@@ -75,7 +75,7 @@ struct MoeGemmKernel {
     Params() = default;
     explicit Params(Arguments const& args)
         : scheduler{args.tokens_per_expert, args.counts_are_int64, args.num_experts, args.num_tokens,
-                    (args.n + kTileN - 1) / kTileN},
+                    (args.n + kTileN - 1) / kTileN, {}},
           params_A(LayoutA(args.lda)),
           params_B(LayoutB(args.ldb)),
           params_D(LayoutC(args.ldd)),

@@ -156,28 +156,122 @@ class PingpongStagedEpilogue {
   int thread_;
 };
 
-// Cooperative: the two consumers split each kTileM x kTileN tile by rows, kRows each. Per consumer,
-// kBuffers slices of kRows x kStoreCols in the 128-byte swizzle TMA reads (the fragment writes, 8
-// rows x 16 bytes per warp, land in 8 different bank groups), so one slice is written while the
-// previous one is being stored.
-template <class Element, class TiledMma, int kTileM, int kTileN, class Fusion>
-class CooperativeTmaStoreEpilogue {
+// The cooperative tiles' staging for TMA stores: the two consumers split each kTileM x kTileN tile
+// by rows, kRows each. Per consumer, kBuffers slices of kRows x kStoreCols in the 128-byte swizzle
+// TMA reads (the fragment writes, 8 rows x 16 bytes per warp, land in 8 different bank groups).
+// A slice's buffer is written while earlier slices are still being stored, and waited for only
+// when it comes round again (kBuffers slices later, possibly in a later tile).
+//
+// Fragment coordinates: the thread's offset plus the value's offset (cute layouts are linear in
+// thread and value); the value offsets are thread 0's coordinates, compile-time constants once the
+// loops unroll. In the GMMA accumulator layout a thread's offset is < 8 in columns
+// (2 x (thread % 4)), thread 0's values sit in rows 0 and 8 and in columns 8j, 8j + 1, so a value's
+// row mod 8 is the thread's. With kChunk elements per 16-byte chunk, the swizzled element offset,
+// row * kStoreCols + ((chunk ^ row % 8) * kChunk) + column % kChunk (SmemLayout), then costs one XOR
+// per store, with no per-value index math kept in registers (cute's generic swizzled indexing
+// spills here).
+template <class Element, class TiledMma, int kTileM, int kTileN, int kBuffers>
+class CooperativeSliceStaging {
  public:
   static constexpr int kConsumers = 2;
   static constexpr int kRows = kTileM / kConsumers;
   static constexpr int kStoreCols = 128 / static_cast<int>(sizeof(Element));  // one 128-byte swizzle row
-  static constexpr int kBuffers = 2;
+  static constexpr int kChunk = 16 / static_cast<int>(sizeof(Element));       // elements per 16 bytes
+  static constexpr int kSlices = kTileN / kStoreCols;
   static_assert(kTileN % kStoreCols == 0);
-  static_assert(kStoreCols == 64, "the swizzle arithmetic of store() is for 64-element (128-byte) rows");
+  static_assert(kChunk <= 8, "a thread's column offset (< 8) spans whole 16-byte chunks");
 
   using SmemLayout = decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW128_Atom<Element>{},
                                                   cute::Shape<cute::Int<kRows>, cute::Int<kStoreCols>>{}));
   using Buffer = cute::array_aligned<Element, kRows * kStoreCols, 1024>;
-  using Store = RaggedStore<Element, kRows, SmemLayout>;
-
   struct SharedStorage {
     Buffer buffer[kConsumers][kBuffers];
   };
+
+  // `consumer` is the warp group's index among the consumers, `mma_thread` the thread's index in the
+  // two consumers' tiled MMA (0..255), `thread` its index in its own warp group; the consumer's
+  // named barrier is `consumer`.
+  CUTLASS_DEVICE CooperativeSliceStaging(SharedStorage& storage, int consumer, int mma_thread, int thread)
+      : buffers_(storage.buffer[consumer]), consumer_(consumer), thread_(thread) {
+    using namespace cute;
+    TiledMma tiled_mma;
+    auto identity = make_identity_tensor(make_shape(Int<kTileM>{}, Int<kTileN>{}));
+    const auto offset0 = tiled_mma.get_thread_slice(0).partition_C(identity)(0);
+    const auto coord = tiled_mma.get_thread_slice(mma_thread).partition_C(identity)(0);
+    thread_row_ = get<0>(coord) - get<0>(offset0) - consumer * kRows;
+    thread_col_ = get<1>(coord) - get<1>(offset0);
+  }
+
+  // The thread's first row in its consumer's part and first column, to add to value offsets.
+  CUTLASS_DEVICE int thread_row() const { return thread_row_; }
+  CUTLASS_DEVICE int thread_col() const { return thread_col_; }
+
+  // Stages slice `slice` (tile columns [slice * kStoreCols, +kStoreCols)) of the consumer's
+  // accumulators: value(i, row, col) converts accum(i), accum(i + 1), which sit at (row, col),
+  // (row, col + 1) of the consumer's part. Then thread 0 of the consumer calls issue(sD) on the
+  // staged slice, to start its TMA store and commit it as one bulk group.
+  template <class Accumulators, class Value, class Issue>
+  CUTLASS_DEVICE void stage(int slice, Accumulators const& accum, Value&& value, Issue&& issue) {
+    using namespace cute;
+    constexpr int kThreads = cutlass::NumThreadsPerWarpGroup;
+    TiledMma tiled_mma;
+    Tensor offsets = tiled_mma.get_thread_slice(0).partition_C(
+        make_identity_tensor(make_shape(Int<kTileM>{}, Int<kTileN>{})));
+    static_assert(decltype(size(offsets))::value == decltype(size(accum))::value);
+    const int slice_col = slice * kStoreCols;
+    const int swizzle = (thread_row_ % 8) ^ (thread_col_ / kChunk);
+    const int chunk_col = thread_col_ % kChunk;
+
+    // Buffers alternate over the consumer's whole sequence of slices, across tiles: a tile may
+    // store an odd number of slices (N's last tile), and restarting at buffer 0 would then
+    // overwrite a buffer whose store the wait below lets run on.
+    Element* buffer = buffers_[next_buffer_].data();
+    next_buffer_ = (next_buffer_ + 1) % kBuffers;
+    if (thread_ == 0) tma_store_wait<kBuffers - 1>();  // this buffer's last store has read it
+    cutlass::arch::NamedBarrier::sync(kThreads, consumer_);
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < size(accum); i += 2) {
+      const int row = get<0>(offsets(i));
+      const int col = get<1>(offsets(i)) - slice_col;  // offsets(i + 1) is (row, col + 1)
+      if (col >= 0 && col < kStoreCols) {
+        const int offset = (thread_row_ + row) * kStoreCols + (((col / kChunk) ^ swizzle) * kChunk) + chunk_col;
+        *reinterpret_cast<cutlass::Array<Element, 2>*>(buffer + offset) =
+            value(i, thread_row_ + row, slice_col + col + thread_col_);
+      }
+    }
+    tma_store_fence();  // these shared memory writes are visible to the TMA (async proxy)
+    cutlass::arch::NamedBarrier::sync(kThreads, consumer_);
+    if (thread_ == 0) {
+      issue(make_tensor(make_smem_ptr(buffer), SmemLayout{}));
+      tma_store_arrive();
+    }
+  }
+
+  // Before the kernel ends: shared memory must stay until the stores have read it.
+  CUTLASS_DEVICE void wait_all() {
+    if (thread_ == 0) cute::tma_store_wait<0>();
+  }
+
+ private:
+  Buffer* buffers_;
+  int next_buffer_ = 0;  // the buffer of the consumer's next slice
+  int consumer_;
+  int thread_;
+  int thread_row_;
+  int thread_col_;
+};
+
+// Cooperative MoE tiles: each consumer stores its rows of the tile through the ragged view of out,
+// two slices in flight.
+template <class Element, class TiledMma, int kTileM, int kTileN, class Fusion>
+class CooperativeTmaStoreEpilogue {
+ public:
+  using Staging = CooperativeSliceStaging<Element, TiledMma, kTileM, kTileN, /*kBuffers=*/2>;
+  static constexpr int kRows = Staging::kRows;
+  static constexpr int kStoreCols = Staging::kStoreCols;
+  using Store = RaggedStore<Element, kRows, typename Staging::SmemLayout>;
+  using SharedStorage = typename Staging::SharedStorage;
+
   struct Arguments {
     Element* ptr_out;
     int64_t ldout;
@@ -199,47 +293,23 @@ class CooperativeTmaStoreEpilogue {
     cute::prefetch_tma_descriptor(params.tma_store.get_tma_descriptor());
   }
 
-  // `consumer` is the warp group's index among the consumers, `mma_thread` the thread's index in the
-  // two consumers' tiled MMA (0..255), `thread` its index in its own warp group; the consumer's
-  // named barrier is `consumer`.
   CUTLASS_DEVICE CooperativeTmaStoreEpilogue(Params const& params, SharedStorage& storage, int consumer,
                                              int mma_thread, int thread)
-      : params_(params), buffers_(storage.buffer[consumer]), consumer_(consumer), mma_thread_(mma_thread),
-        thread_(thread) {
+      : params_(params), staging_(storage, consumer, mma_thread, thread), consumer_(consumer) {
     check_supported_fusion<Fusion>();
   }
 
   // Stores the consumer's rows [consumer * kRows, +kRows) of `tile`, clipped to the expert's rows
-  // and to N by the ragged view. Per slice: the fragments go to one of the consumer's buffers, and
-  // thread 0 of the consumer stores it with one TMA copy. A buffer is waited for only when it comes
-  // round again (kBuffers slices later, possibly in a later tile).
+  // and to N by the ragged view, one TMA copy per slice.
   template <class Accumulators>
   CUTLASS_DEVICE void store(MoeTile const& tile, Accumulators const& accum) {
     using namespace cute;
-    constexpr int kThreads = cutlass::NumThreadsPerWarpGroup;
     const int part_row = consumer_ * kRows;  // first tile row of this consumer's part
     const int rows = min(int{kRows}, tile.rows - tile.m_tile * kTileM - part_row);
     if (rows <= 0) return;  // no rows of the expert in this part (and no box wholly outside the view)
     const int row_start = tile.row_start + tile.m_tile * kTileM + part_row;
     const int first_col = tile.n_tile * kTileN;
     const int cols_left = params_.n - first_col;
-
-    // Fragment coordinates: the thread's offset plus the value's offset (cute layouts are linear in
-    // thread and value); the value offsets are thread 0's coordinates, compile-time constants once
-    // the loops unroll. In the GMMA accumulator layout a thread's offset is < 8 in columns
-    // (2 x (thread % 4)), thread 0's values sit in rows 0 and 8 and in columns 8j, 8j + 1, so a
-    // value's row mod 8 is the thread's, and its 16-byte chunk of a 128-byte row is the value's. The
-    // swizzled element offset, row * 64 + ((chunk ^ row % 8) * 8) + column % 8 (SmemLayout), then
-    // costs one XOR per store, with no per-value index math kept in registers (cute's generic
-    // swizzled indexing spills here).
-    TiledMma tiled_mma;
-    auto identity = make_identity_tensor(make_shape(Int<kTileM>{}, Int<kTileN>{}));
-    Tensor offsets = tiled_mma.get_thread_slice(0).partition_C(identity);
-    static_assert(decltype(size(offsets))::value == decltype(size(accum))::value);
-    const auto thread_coord = tiled_mma.get_thread_slice(mma_thread_).partition_C(identity)(0);
-    const int thread_row = get<0>(thread_coord) - get<0>(offsets(0)) - part_row;
-    const int thread_col = get<1>(thread_coord) - get<1>(offsets(0));
-    const int swizzle = thread_row % 8;
     // The box at (kRows - rows, col, row_start + rows) of the ragged view holds out[row_start, +rows)
     // in its first rows; its other rows are outside the view, and TMA does not write them.
     Tensor mD = params_.tma_store.get_tma_tensor(make_shape(int{kRows}, params_.n, params_.num_tokens + 1));
@@ -249,49 +319,26 @@ class CooperativeTmaStoreEpilogue {
     Fusion fusion(params_.fusion);
     fusion.begin_tile(tile.expert);
     CUTLASS_PRAGMA_UNROLL
-    for (int slice = 0; slice < kTileN / kStoreCols; ++slice) {
-      const int slice_col = slice * kStoreCols;
-      if (slice_col >= cols_left) break;  // the same for the whole consumer
-      // Buffers alternate over the consumer's whole sequence of slices, across tiles: a tile may
-      // store an odd number of slices (N's last tile), and restarting at buffer 0 would then
-      // overwrite the buffer whose store the wait below lets run on.
-      Element* buffer = buffers_[next_buffer_].data();
-      next_buffer_ = (next_buffer_ + 1) % kBuffers;
-      Tensor sD = make_tensor(make_smem_ptr(buffer), SmemLayout{});
-      if (thread_ == 0) tma_store_wait<kBuffers - 1>();  // this buffer's last store has read it
-      cutlass::arch::NamedBarrier::sync(kThreads, consumer_);
-      CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < size(accum); i += 2) {
-        const int row = get<0>(offsets(i));
-        const int col = get<1>(offsets(i)) - slice_col;  // offsets(i + 1) is (row, col + 1)
-        if (col >= 0 && col < kStoreCols) {
-          const int offset = (thread_row + row) * kStoreCols + (((col / 8) ^ swizzle) * 8) + thread_col;
-          *reinterpret_cast<cutlass::Array<Element, 2>*>(buffer + offset) = fusion.visit(
-              {accum(i), accum(i + 1)}, row_start + thread_row + row, first_col + slice_col + col + thread_col);
-        }
-      }
-      tma_store_fence();  // these shared memory writes are visible to the TMA (async proxy)
-      cutlass::arch::NamedBarrier::sync(kThreads, consumer_);
-      if (thread_ == 0) {
-        Tensor gD_slice = local_tile(gD, Shape<Int<kRows>, Int<kStoreCols>>{}, make_coord(0, slice));
-        copy(params_.tma_store, tma_store.partition_S(sD), tma_store.partition_D(gD_slice));
-        tma_store_arrive();
-      }
+    for (int slice = 0; slice < Staging::kSlices; ++slice) {
+      if (slice * kStoreCols >= cols_left) break;  // the same for the whole consumer
+      staging_.stage(
+          slice, accum,
+          [&](int i, int row, int col) {
+            return fusion.visit({accum(i), accum(i + 1)}, row_start + row, first_col + col);
+          },
+          [&](auto const& sD) {
+            Tensor gD_slice = local_tile(gD, Shape<Int<kRows>, Int<kStoreCols>>{}, make_coord(0, slice));
+            copy(params_.tma_store, tma_store.partition_S(sD), tma_store.partition_D(gD_slice));
+          });
     }
   }
 
-  // Before the kernel ends: shared memory must stay until the stores have read it.
-  CUTLASS_DEVICE void store_tail() {
-    if (thread_ == 0) cute::tma_store_wait<0>();
-  }
+  CUTLASS_DEVICE void store_tail() { staging_.wait_all(); }
 
  private:
   Params const& params_;
-  Buffer* buffers_;
-  int next_buffer_ = 0;  // the buffer of the consumer's next slice
+  Staging staging_;
   int consumer_;
-  int mma_thread_;
-  int thread_;
 };
 
 }  // namespace cutlass_moe::sm90

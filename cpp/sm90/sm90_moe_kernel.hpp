@@ -145,7 +145,7 @@ class MoeGemmKernel {
     return {make_mainloop_params<CollectiveMainloop, kTileM>(p, args.ptr_x, args.ldx, args.ptr_weights, args.ldw,
                                                              args.expert_stride, device),
             CollectiveEpilogue::to_underlying_arguments(p, args.epilogue, device),
-            {args.tokens_per_expert, args.counts_are_int64, p.num_experts, p.num_tokens, tiles_n},
+            {args.tokens_per_expert, args.counts_are_int64, p.num_experts, p.num_tokens, tiles_n, {}},
             p,
             args.hw_info.sm_count};
   }

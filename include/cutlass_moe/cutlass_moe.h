@@ -198,9 +198,10 @@ struct MoeWgradProblem {
 // Sizes, strides, dtypes, layout; no pointers. Messages start with the Python argument's name.
 void check_wgrad_layout(const MoeWgradProblem& problem);
 
-// The wgrad families are grouped GEMMs: backend kGrouped (sm90, CUTLASS's ptr-array grouped GEMM) or
-// kSm80Grouped (CUTLASS 2.x GemmGrouped); kAuto takes kGrouped on Hopper where built, else
-// kSm80Grouped. config kAuto takes the family's first built config (CUTLASS_MOE_*_WGRAD_CONFIGS).
+// The wgrad families: backend kMoe (sm90, our MoE kernel: one launch, counts read by the tile
+// scheduler), kGrouped (sm90, CUTLASS's ptr-array grouped GEMM) or kSm80Grouped (CUTLASS 2.x
+// GemmGrouped); kAuto takes the first of them built with machine code for the device. config kAuto
+// takes the family's first built config (CUTLASS_MOE_*_WGRAD*_CONFIGS).
 
 // Workspace bytes moe_gemm_wgrad needs for `problem` on `device` (check_wgrad_layout only).
 size_t wgrad_workspace_size(const MoeWgradProblem& problem, Backend backend, KernelConfig config, int device);
@@ -230,7 +231,7 @@ const char* index_type_name(IndexType type);      // "int32", "int64"
 
 // What this build holds.
 std::vector<std::string> built_instances();  // "sm90:<family>:<dtype>:<layout>:<config>" entries;
-                                             // wgrad: "sm90:wgrad:<dtype>:<out dtype>:<config>"
+                                             // wgrad: "sm90:wgrad_<family>:<dtype>:<out dtype>:<config>"
 std::vector<std::string> target_archs();     // CUTLASS_MOE_ARCHS as built: "80", "86", "89", "90a"
 std::vector<int> sm80_family_ccs();          // compute capabilities the sm80 families have code for
 std::string build_info();                    // CUDA, CUTLASS and arch versions, one line

@@ -355,9 +355,9 @@ def moe_gemm(
 
 # ---- weight gradient ---------------------------------------------------------------------------
 
-_WGRAD_BACKENDS = ("auto", "grouped", "sm80_grouped")
-# The wgrad family of a forward family: the same arch.
-_WGRAD_BACKEND_OF = {"auto": "auto", "moe": "grouped", "grouped": "grouped", "sm80_moe": "sm80_grouped",
+_WGRAD_BACKENDS = ("auto", "moe", "grouped", "sm80_grouped")
+# The wgrad family of a forward family: the same kind on the same arch.
+_WGRAD_BACKEND_OF = {"auto": "auto", "moe": "moe", "grouped": "grouped", "sm80_moe": "sm80_grouped",
                      "sm80_grouped": "sm80_grouped"}
 
 
@@ -517,11 +517,13 @@ def moe_gemm_wgrad(
         accumulate: add into ``out`` (a float32 buffer, e.g. Megatron's ``main_grad``) instead of
             overwriting it.
         out_dtype: dW's dtype without ``out``: x's (the default) or torch.float32.
-        backend: ``"grouped"`` (sm90: CUTLASS's ptr-array grouped GEMM, one group per expert whose
-            reduction length is its row count), ``"sm80_grouped"`` (CUTLASS 2.x GemmGrouped; Ampere,
-            Ada, and Hopper as a fallback), or ``"auto"`` (the first where it runs).
+        backend: ``"moe"`` (sm90: our MoE kernel, one launch; its tile scheduler reads the counts and
+            each expert's reduction runs over its rows through ragged TMA views), ``"grouped"``
+            (sm90: CUTLASS's ptr-array grouped GEMM, one group per expert), ``"sm80_grouped"``
+            (CUTLASS 2.x GemmGrouped; Ampere, Ada, and Hopper as a fallback), or ``"auto"`` (the
+            first of these, in this order, that is built and runs here).
         config: ``"auto"`` (the family's first built config) or a config name of the family from
-            :func:`cutlass_moe.built_configs` (``arch:wgrad:dtype:out_dtype:config``).
+            :func:`cutlass_moe.built_configs` (``arch:wgrad_<family>:dtype:out_dtype:config``).
 
     Returns:
         dW. An expert with no rows gets exact zeros, or is left untouched when accumulating.

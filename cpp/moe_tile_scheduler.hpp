@@ -117,7 +117,9 @@ class ExpertTileScheduler {
     const ExpertRows r = expert_rows(rows_before + incl - count, count, params_.num_tokens);
     row_start_ = static_cast<int>(r.start);
     rows_ = static_cast<int>(r.rows);
-    tiles_incl_ = warp_inclusive_sum(int64_t(params_.row_tiles(rows_)) * params_.tiles_n, lane_);
+    // Lanes past the last expert have no tiles (FixedRowTiles would give them some).
+    const int64_t tiles = expert < params_.num_experts ? int64_t(params_.row_tiles(rows_)) * params_.tiles_n : 0;
+    tiles_incl_ = warp_inclusive_sum(tiles, lane_);
   }
 
   Params params_;

@@ -8,9 +8,10 @@
 //   - tiles: E x ceil(M / kTileM) x ceil(N / kTileN), a static set; ExpertTileScheduler with
 //     FixedRowTiles numbers them expert-major and finds each tile's expert rows on the device, so
 //     the CTAs reading one expert's rows of x and grad_out run together (L2 reuse);
-//   - mainloop: CUTLASS's sm90 warp-specialized collective. Each operand is read through one ragged
-//     TMA view along T (below), so a K block loads exactly its expert's rows and zero-fills the rest
-//     without reading it; the producer issues one block per load() call;
+//   - mainloop: CUTLASS's sm90 warp-specialized collective (its pipeline, shared memory and mma()).
+//     Each operand is read through one ragged TMA view along T (below), so a K block loads exactly
+//     its expert's rows and zero-fills the rest without reading it; the producer issues the boxes
+//     itself (load_boxes);
 //   - epilogue: WgradTmaStoreEpilogue stages the whole tile in shared memory (4 slices per
 //     consumer) and stores it with asynchronous TMA copies while the next tile's mainloop runs:
 //     dW is most of the bytes when experts have few rows (95% on DeepSeek-V3's shapes), so the
@@ -282,6 +283,27 @@ class MoeWgradKernel {
   static dim3 get_block_shape() { return dim3(MaxThreadsPerBlock); }
 
   CUTLASS_DEVICE void operator()(Params const& params, char* smem);
+
+ private:
+  // Issues one K block of an operand, box by box (the collective's load() in one call). A box that
+  // lies wholly past the operand's extent along M or N (the last tile when the extent is not a
+  // multiple of the tile) is loaded from the tile's first box instead: TMA zero-fills such a box
+  // without reading it, yet the H200 faulted on it when the operand ended at the end of mapped
+  // memory. Those shared memory rows only feed accumulator rows (or columns) past M (or N), which
+  // are never stored, and the transaction bytes stay those of the full tile.
+  template <class Tma, class TensorG, class TensorS, class TensorC>
+  CUTLASS_DEVICE static void load_boxes(Tma const& tma, TensorG const& g, TensorS const& s, TensorC const& c,
+                                        int extent) {
+    using namespace cute;
+    CUTLASS_PRAGMA_UNROLL
+    for (int box = 0; box < size<1>(g); ++box) {
+      const bool outside = get<0>(c(0, box, 0)) >= extent;
+      CUTLASS_PRAGMA_UNROLL
+      for (int kb = 0; kb < size<2>(g); ++kb) {
+        copy(tma, g(_, outside ? 0 : box, kb), s(_, box, kb));
+      }
+    }
+  }
 };
 
 template <class Element, class ElementOut, class Config>
@@ -324,22 +346,40 @@ CUTLASS_DEVICE void MoeWgradKernel<Element, ElementOut, Config>::operator()(Para
     if (!is_producer) return;
     Tensor mA = params.mainloop.tma_load_a.get_tma_tensor(make_shape(p.m, Int<kTileK>{}, p.num_tokens + 1));
     Tensor mB = params.mainloop.tma_load_b.get_tma_tensor(make_shape(p.n, Int<kTileK>{}, p.num_tokens + 1));
+    Tensor sA = make_tensor(make_smem_ptr(storage.tensors.smem_A.data()), typename Mainloop::SmemLayoutA{});
+    Tensor sB = make_tensor(make_smem_ptr(storage.tensors.smem_B.data()), typename Mainloop::SmemLayoutB{});
+    auto tma_a = params.mainloop.tma_load_a.get_slice(Int<0>{});
+    auto tma_b = params.mainloop.tma_load_b.get_slice(Int<0>{});
+    Tensor tAsA = tma_a.partition_D(sA);  // (TMA, TMA_M, TMA_K, PIPE)
+    Tensor tBsB = tma_b.partition_D(sB);  // (TMA, TMA_N, TMA_K, PIPE)
+    const bool elected = cute::elect_one_sync();
     auto write_state = cutlass::make_producer_start_state<Pipeline>();
     for (int64_t index = first;; index += grid) {
       MoeTile tile = scheduler.tile(index);
       if (!tile.valid) break;
+      // Each box's first row (A) or column (B) of dW, to spot the boxes wholly past M or N.
+      Tensor tAcA = tma_a.partition_S(local_tile(make_identity_tensor(make_shape(p.m, Int<kTileK>{})),
+                                                 select<0, 2>(TileShape{}), make_coord(tile.m_tile, 0)));
+      Tensor tBcB = tma_b.partition_S(local_tile(make_identity_tensor(make_shape(p.n, Int<kTileK>{})),
+                                                 select<1, 2>(TileShape{}), make_coord(tile.n_tile, 0)));
       const int blocks = k_blocks(tile);
       for (int block = 0; block < blocks; ++block) {
         // Rows [end - r, end) are the box at (m0, kTileK - r, end) of both views.
         const int r = min(int{kTileK}, tile.rows - block * kTileK);
         const int end = tile.row_start + block * kTileK + r;
-        Tensor gA = local_tile(domain_offset(make_coord(0, kTileK - r, end), mA), TileShape{}, make_coord(_, _, _),
-                               Step<_1, X, _1>{});  // (BLK_M, BLK_K, m, 1, l)
-        Tensor gB = local_tile(domain_offset(make_coord(0, kTileK - r, end), mB), TileShape{}, make_coord(_, _, _),
-                               Step<X, _1, _1>{});  // (BLK_N, BLK_K, n, 1, l)
-        mainloop.load(params.mainloop, pipeline, write_state, cute::make_tuple(gA, gB),
-                      make_coord(tile.m_tile, tile.n_tile, _, 0), cute::make_coord_iterator(1), 1,
-                      threadIdx.x % 32, /*block_rank_in_cluster=*/0, storage.tensors);
+        Tensor gA = local_tile(domain_offset(make_coord(0, kTileK - r, end), mA), select<0, 2>(TileShape{}),
+                               make_coord(tile.m_tile, 0, 0));  // (BLK_M, BLK_K)
+        Tensor gB = local_tile(domain_offset(make_coord(0, kTileK - r, end), mB), select<1, 2>(TileShape{}),
+                               make_coord(tile.n_tile, 0, 0));  // (BLK_N, BLK_K)
+        pipeline.producer_acquire(write_state);
+        if (elected) {
+          auto* barrier = pipeline.producer_get_barrier(write_state);
+          const int stage = write_state.index();
+          load_boxes(params.mainloop.tma_load_a.with(*barrier), tma_a.partition_S(gA), tAsA(_, _, _, stage), tAcA,
+                     p.m);
+          load_boxes(params.mainloop.tma_load_b.with(*barrier), tma_b.partition_S(gB), tBsB(_, _, _, stage), tBcB,
+                     p.n);
+        }
         ++write_state;
       }
     }

@@ -285,23 +285,23 @@ class MoeWgradKernel {
   CUTLASS_DEVICE void operator()(Params const& params, char* smem);
 
  private:
-  // Issues one K block of an operand, box by box (the collective's load() in one call). A box that
-  // lies wholly past the operand's extent along M or N (the last tile when the extent is not a
-  // multiple of the tile) is loaded from the tile's first box instead: TMA zero-fills such a box
-  // without reading it, yet the H200 faulted on it when the operand ended at the end of mapped
-  // memory. Those shared memory rows only feed accumulator rows (or columns) past M (or N), which
-  // are never stored, and the transaction bytes stay those of the full tile.
+  // Issues one K block of an operand, box by box (the collective's load() does it in one copy). The
+  // partitions are ((box, boxes), 1, 1): the boxes run along M (A) or N (B). A box that lies wholly
+  // past the operand's extent there (the last tile when M or N is not a multiple of the tile) is
+  // loaded from the tile's first box instead. TMA would zero-fill it without reading, but the H200
+  // faulted on such boxes when the operand ended at the end of mapped memory. Those shared memory
+  // rows only feed accumulator rows (or columns) past M (or N), which are never stored, and the
+  // transaction bytes stay those of the full tile.
   template <class Tma, class TensorG, class TensorS, class TensorC>
   CUTLASS_DEVICE static void load_boxes(Tma const& tma, TensorG const& g, TensorS const& s, TensorC const& c,
                                         int extent) {
     using namespace cute;
+    static_assert(decltype(size<1>(g) * size<2>(g))::value == 1, "one K box per block");
+    constexpr int kBoxes = decltype(size<1>(get<0>(g.shape())))::value;
     CUTLASS_PRAGMA_UNROLL
-    for (int box = 0; box < size<1>(g); ++box) {
-      const bool outside = get<0>(c(0, box, 0)) >= extent;
-      CUTLASS_PRAGMA_UNROLL
-      for (int kb = 0; kb < size<2>(g); ++kb) {
-        copy(tma, g(_, outside ? 0 : box, kb), s(_, box, kb));
-      }
+    for (int box = 0; box < kBoxes; ++box) {
+      const bool outside = get<0>(c(make_coord(0, box), 0, 0)) >= extent;
+      copy(tma, g(make_coord(_, outside ? 0 : box), _, _), s(make_coord(_, box), _, _));
     }
   }
 };

@@ -151,8 +151,11 @@ const Instance& find_instance(const MoeGemmProblem& p, Backend backend, KernelCo
                           << layout_name(p.weight_layout) << ", config " << config_name(config));
 }
 
-// The wgrad instance of `backend` for the problem's dtypes on `device` (kAuto: the first built one
-// that runs there, in the table's order: sm90 MoE, sm90 grouped, sm80 grouped).
+// The wgrad instance of `backend` for the problem's dtypes on `device`. kAuto: the first built one
+// that runs there, in the table's order (sm90 MoE, sm90 grouped, sm80 grouped), except that an
+// accumulating call prefers the sm90 grouped family: the MoE kernel adds with TMA reduce-add, 1.3-1.4x
+// slower than the grouped family's read-add-write epilogue on the public prefill shapes
+// (benchmarks/NOTES.md).
 const WgradInstance& find_wgrad_instance(const MoeWgradProblem& p, Backend backend, KernelConfig config,
                                          int device) {
   CUTLASS_MOE_CHECK_ARG(backend == Backend::kAuto || backend == Backend::kMoe || backend == Backend::kGrouped ||
@@ -166,8 +169,9 @@ const WgradInstance& find_wgrad_instance(const MoeWgradProblem& p, Backend backe
     if (!runs_on(inst.backend, cc)) continue;
     if (backend != Backend::kAuto && inst.backend != backend) continue;
     if (config != KernelConfig::kAuto && inst.config != config) continue;
-    found = &inst;
-    break;
+    const bool preferred = !(backend == Backend::kAuto && p.accumulate) || inst.backend == Backend::kGrouped;
+    if (!found || preferred) found = &inst;
+    if (preferred) break;
   }
   CUTLASS_MOE_CHECK(found != nullptr, Status::kNotSupported,
                     "this build has no " << backend_name(backend) << " wgrad kernel, config " << config_name(config)

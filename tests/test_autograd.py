@@ -312,6 +312,23 @@ def test_wgrad_weights_layout_views(backend):
 
 
 @gpu
+@pytest.mark.parametrize("t,k,n,e", [(16384, 2880, 5760, 128), (16384, 64, 5760, 1)])
+@pytest.mark.parametrize("backend", [wgrad_backend_param("moe")])
+def test_wgrad_moe_partial_tiles_at_scale(t, k, n, e, backend):
+    # dW of K x N, neither a multiple of the 128 x 256 tile, with long reductions: the last tiles'
+    # TMA boxes wholly past K or N once faulted when x or grad_out ended at the end of mapped memory.
+    gen = torch.Generator(device="cuda").manual_seed(12)
+    x = torch.randn(t, k, device="cuda", dtype=BF16, generator=gen)
+    dy = torch.randn(t, n, device="cuda", dtype=BF16, generator=gen)
+    counts = torch.full((e,), t // e, device="cuda", dtype=torch.int32)
+    dw = moe_gemm_wgrad(x, dy, counts, backend=backend)
+    ref = torch._grouped_mm(x.t(), dy, offs=torch.cumsum(counts, 0, dtype=torch.int32))
+    for i in range(e):
+        err = float((dw[i].float() - ref[i].float()).norm() / ref[i].float().norm())
+        assert err < 1e-2, (i, err)
+
+
+@gpu
 @requires_kernels
 def test_opcheck_gpu():
     _opcheck("cuda")

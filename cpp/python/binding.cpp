@@ -129,11 +129,11 @@ PYBIND11_MODULE(_C, m) {
     check_wgrad_layout(wgrad_problem(dtype, out_dtype, weight_layout, count_type, accumulate, num_tokens,
                                      num_experts, n, k, ldx, ld_grad_out, ldw, expert_stride));
   });
-  m.def("wgrad_workspace_size", [=](int dtype, int out_dtype, int weight_layout, int64_t num_tokens,
+  m.def("wgrad_workspace_size", [=](int dtype, int out_dtype, int weight_layout, bool accumulate, int64_t num_tokens,
                                     int64_t num_experts, int64_t n, int64_t k, int backend, int config,
                                     int device) {
     const int64_t ldw = static_cast<WeightLayout>(weight_layout) == WeightLayout::kKN ? n : k;
-    return wgrad_workspace_size(wgrad_problem(dtype, out_dtype, weight_layout, 0, false, num_tokens, num_experts,
+    return wgrad_workspace_size(wgrad_problem(dtype, out_dtype, weight_layout, 0, accumulate, num_tokens, num_experts,
                                               n, k, k, n, ldw, ldw * (ldw == n ? k : n)),
                                 static_cast<Backend>(backend), static_cast<KernelConfig>(config), device);
   });

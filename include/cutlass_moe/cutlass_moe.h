@@ -200,8 +200,9 @@ void check_wgrad_layout(const MoeWgradProblem& problem);
 
 // The wgrad families: backend kMoe (sm90, our MoE kernel: one launch, counts read by the tile
 // scheduler), kGrouped (sm90, CUTLASS's ptr-array grouped GEMM) or kSm80Grouped (CUTLASS 2.x
-// GemmGrouped); kAuto takes the first of them built with machine code for the device. config kAuto
-// takes the family's first built config (CUTLASS_MOE_*_WGRAD*_CONFIGS).
+// GemmGrouped); kAuto takes the first of them built with machine code for the device, except that
+// an accumulating call prefers kGrouped (faster at adding into fp32). config kAuto takes the
+// family's first built config (CUTLASS_MOE_*_WGRAD*_CONFIGS).
 
 // Workspace bytes moe_gemm_wgrad needs for `problem` on `device` (check_wgrad_layout only).
 size_t wgrad_workspace_size(const MoeWgradProblem& problem, Backend backend, KernelConfig config, int device);

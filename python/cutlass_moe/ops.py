@@ -426,8 +426,8 @@ def _moe_gemm_wgrad_impl(x, grad_out, tokens_per_expert, trans_b, out, accumulat
     device = x.device.index
     dtype, out_dtype_id = _DTYPES[x.dtype], (_FP32 if out.dtype == torch.float32 else _DTYPES[x.dtype])
     backend_id, config_id = _BACKENDS[backend], _CONFIGS[config]
-    ws_bytes = _wgrad_workspace_size(dtype, out_dtype_id, layout, num_tokens, num_experts, n, k, backend_id,
-                                     config_id, device)
+    ws_bytes = _wgrad_workspace_size(dtype, out_dtype_id, layout, accumulate, num_tokens, num_experts, n, k,
+                                     backend_id, config_id, device)
     workspace = _new_workspace(ws_bytes, x.device) if ws_bytes else None
     counts = tokens_per_expert
     if counts.device != x.device:

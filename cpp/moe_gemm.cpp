@@ -282,6 +282,10 @@ void check_layout(const MoeGemmProblem& p) {
 
 void check_problem(const MoeGemmProblem& p) {
   check_layout(p);
+  CUTLASS_MOE_CHECK_ARG(static_cast<int>(p.activation) >= 0 && static_cast<int>(p.activation) < kNumActivations,
+                        "activation: unknown value " << static_cast<int>(p.activation));
+  CUTLASS_MOE_CHECK_ARG(p.bias == nullptr || p.bias_stride >= p.n,
+                        "bias: row stride of " << p.bias_stride << " elements must be >= N = " << p.n);
   if (is_empty(p)) return;
   CUTLASS_MOE_CHECK_ARG(p.tokens_per_expert != nullptr, "tokens_per_expert: null data pointer");
   CUTLASS_MOE_CHECK_ARG(p.out != nullptr && aligned16(p.out),
@@ -342,6 +346,10 @@ void run_moe_gemm(const MoeGemmPlan& plan, const MoeGemmProblem& p, void* worksp
                                           << ", (T, E, N, K) = (" << plan.num_tokens << ", " << plan.num_experts << ", "
                                           << plan.n << ", " << plan.k << "), not for this problem");
   if (is_empty(p)) return;
+  CUTLASS_MOE_CHECK_ARG(!has_fused_epilogue(p) || (plan.backend == Backend::kMoe && p.k > 0),
+                        "bias, activation, row_scale: the fused epilogue runs in the sm90 'moe' family with K > 0; "
+                        "this call resolved to '"
+                            << backend_name(plan.backend) << "' with K = " << p.k);
   if (p.k == 0) {
     launch_zero_computed_rows(p, stream);
     return;

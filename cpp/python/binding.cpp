@@ -87,21 +87,40 @@ PYBIND11_MODULE(_C, m) {
         });
 
   // run_moe_gemm, then (zero_unowned) zero_unowned_rows: a new output, fully defined, in one call.
-  m.def("run",
-        [](const MoeGemmPlan& plan, int count_type, uintptr_t x, int64_t ldx, uintptr_t weights, int64_t ldw,
-           int64_t expert_stride, uintptr_t out, int64_t ldout, uintptr_t tokens_per_expert, uintptr_t workspace,
-           size_t workspace_bytes, bool zero_unowned, uintptr_t stream) {
-          MoeGemmProblem p = make_problem(static_cast<int>(plan.dtype), static_cast<int>(plan.weight_layout),
-                                          count_type, plan.num_tokens, plan.num_experts, plan.n, plan.k, ldx, ldw,
-                                          expert_stride, ldout);
-          p.x = reinterpret_cast<const void*>(x);
-          p.weights = reinterpret_cast<const void*>(weights);
-          p.out = reinterpret_cast<void*>(out);
-          p.tokens_per_expert = reinterpret_cast<const void*>(tokens_per_expert);
-          run_moe_gemm(plan, p, reinterpret_cast<void*>(workspace), workspace_bytes,
-                       reinterpret_cast<cudaStream_t>(stream));
-          if (zero_unowned) zero_unowned_rows(p, reinterpret_cast<cudaStream_t>(stream));
-        });
+  auto run = [](const MoeGemmPlan& plan, int count_type, uintptr_t x, int64_t ldx, uintptr_t weights, int64_t ldw,
+                int64_t expert_stride, uintptr_t out, int64_t ldout, uintptr_t tokens_per_expert, uintptr_t workspace,
+                size_t workspace_bytes, bool zero_unowned, uintptr_t stream, uintptr_t bias, int64_t bias_stride,
+                uintptr_t row_scale, int activation) {
+    MoeGemmProblem p = make_problem(static_cast<int>(plan.dtype), static_cast<int>(plan.weight_layout), count_type,
+                                    plan.num_tokens, plan.num_experts, plan.n, plan.k, ldx, ldw, expert_stride, ldout);
+    p.x = reinterpret_cast<const void*>(x);
+    p.weights = reinterpret_cast<const void*>(weights);
+    p.out = reinterpret_cast<void*>(out);
+    p.tokens_per_expert = reinterpret_cast<const void*>(tokens_per_expert);
+    p.bias = reinterpret_cast<const void*>(bias);
+    p.bias_stride = bias_stride;
+    p.row_scale = reinterpret_cast<const float*>(row_scale);
+    p.activation = static_cast<Activation>(activation);
+    run_moe_gemm(plan, p, reinterpret_cast<void*>(workspace), workspace_bytes, reinterpret_cast<cudaStream_t>(stream));
+    if (zero_unowned) zero_unowned_rows(p, reinterpret_cast<cudaStream_t>(stream));
+  };
+  m.def("run", [run](const MoeGemmPlan& plan, int count_type, uintptr_t x, int64_t ldx, uintptr_t weights, int64_t ldw,
+                     int64_t expert_stride, uintptr_t out, int64_t ldout, uintptr_t tokens_per_expert,
+                     uintptr_t workspace, size_t workspace_bytes, bool zero_unowned, uintptr_t stream) {
+    run(plan, count_type, x, ldx, weights, ldw, expert_stride, out, ldout, tokens_per_expert, workspace,
+        workspace_bytes, zero_unowned, stream, 0, 0, 0, 0);
+  });
+  // run with the fused epilogue: bias (E x N, x's dtype, row stride bias_stride), row_scale (T fp32),
+  // activation (activations()).
+  m.def("run_fused", run);
+  m.def("activations", [] {
+    auto v = [](Activation a) { return static_cast<int>(a); };
+    return std::vector<std::pair<std::string, int>>{{"none", v(Activation::kNone)},
+                                                    {"relu", v(Activation::kRelu)},
+                                                    {"gelu_tanh", v(Activation::kGeluTanh)},
+                                                    {"gelu", v(Activation::kGelu)},
+                                                    {"silu", v(Activation::kSilu)}};
+  });
 
   // The weight gradient (MoeWgradProblem): its checks without pointers, its workspace, the call.
   auto wgrad_problem = [](int dtype, int out_dtype, int weight_layout, int count_type, bool accumulate,

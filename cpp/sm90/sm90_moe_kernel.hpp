@@ -38,7 +38,7 @@ namespace cutlass_moe::sm90 {
 
 // Element: x, weights and out. LayoutB: weights[e] as a K x N matrix. Config: tile shape and
 // schedule (sm90_configs.cuh). Fusion: what the epilogue applies (sm90_moe_epilogue.hpp).
-template <class Element_, class LayoutB_, class Config, template <class> class Fusion_ = LinearFusion>
+template <class Element_, class LayoutB_, class Config, template <class> class Fusion_ = BiasActivationScaleFusion>
 class MoeGemmKernel {
  public:
   using Element            = Element_;

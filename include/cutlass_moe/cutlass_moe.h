@@ -43,6 +43,16 @@ enum class IndexType : int {
 };
 constexpr int kNumIndexTypes = 2;
 
+// The activation of the fused epilogue (MoeGemmProblem::activation).
+enum class Activation : int {
+  kNone = 0,
+  kRelu = 1,
+  kGeluTanh = 2,  // 0.5 v (1 + tanh(sqrt(2 / pi) (v + 0.044715 v^3)))
+  kGelu = 3,      // 0.5 v (1 + erf(v / sqrt(2)))
+  kSilu = 4,      // v / (1 + exp(-v))
+};
+constexpr int kNumActivations = 5;
+
 // Memory layout of one expert's weight matrix, which is logically K x N.
 enum class WeightLayout : int {
   kKN = 0,  // (E, K, N): N is contiguous (row-major K x N).
@@ -118,7 +128,19 @@ struct MoeGemmProblem {
   int64_t ldout = 0;
 
   const void* tokens_per_expert = nullptr;  // E counts on the device, count_type
+
+  // Fused epilogue, out[row] = row_scale[row] * activation(x[row] . W_e + bias[e]), each part off by
+  // default. Only the sm90 moe family runs it (run_moe_gemm rejects it elsewhere).
+  const void* bias = nullptr;         // E x N of dtype, row stride bias_stride; null: no bias
+  int64_t bias_stride = 0;
+  const float* row_scale = nullptr;   // T fp32 factors; null: none
+  Activation activation = Activation::kNone;
 };
+
+// Whether `problem` asks for any part of the fused epilogue.
+inline bool has_fused_epilogue(const MoeGemmProblem& p) {
+  return p.bias != nullptr || p.row_scale != nullptr || p.activation != Activation::kNone;
+}
 
 // Checks the enums, sizes and strides the kernels need (16-byte multiples for TMA and so on), not
 // the pointers: what a shape-only caller (a workspace query, a torch fake tensor) can be checked

@@ -14,7 +14,7 @@ from typing import Optional, Tuple
 import torch
 
 from . import _C
-from .reference import moe_gemm_reference, moe_gemm_wgrad_reference
+from .reference import ACTIVATIONS, moe_gemm_reference, moe_gemm_wgrad_reference
 
 # Enum values and limits of the C++ API (include/cutlass_moe/cutlass_moe.h), read from the build.
 _DTYPES = {torch.float16: _C.dtypes()["fp16"], torch.bfloat16: _C.dtypes()["bf16"]}
@@ -25,6 +25,7 @@ _CONFIGS = dict(_C.config_names())  # name -> value, "auto" -> -1
 _BACKENDS = dict(_C.backend_names())  # "auto", "grouped", "moe", ... -> value
 _BACKEND_NAMES = {value: name for name, value in _BACKENDS.items()}
 _CONFIG_NAMES = {value: name for name, value in _CONFIGS.items()}
+_ACTIVATION_IDS = dict(_C.activations())  # "none", "relu", "gelu_tanh", "gelu", "silu" -> value
 MAX_TOKENS = _C.MAX_TOKENS  # rows of x and out the kernels take (2^31 - 1024)
 # The CPU path is the float32 reference: it also takes float32 and float64 (torch.autograd.gradcheck).
 _CPU_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -175,9 +176,10 @@ def _check_moe_gemm(x, weights, tokens_per_expert, trans_b, out, backend, config
     return num_tokens, k, num_experts, n
 
 
-def _moe_gemm_impl(x, weights, tokens_per_expert, trans_b, out, backend, config) -> torch.Tensor:
+def _moe_gemm_impl(x, weights, tokens_per_expert, trans_b, out, backend, config, fused=None) -> torch.Tensor:
     """Runs the op on checked arguments. A new output (out=None) is fully defined: the rows no
-    expert owns are zeros. A given out keeps those rows as they were."""
+    expert owns are zeros. A given out keeps those rows as they were. fused: (bias, activation
+    id, row_scale) for the sm90 moe family's fused epilogue, or None."""
     num_tokens, k = x.shape
     num_experts = weights.shape[0]
     n = weights.shape[1] if trans_b else weights.shape[2]
@@ -214,11 +216,17 @@ def _moe_gemm_impl(x, weights, tokens_per_expert, trans_b, out, backend, config)
         out[owned_end:].zero_()
     ws_bytes = plan.workspace_bytes
     workspace = _new_workspace(ws_bytes, x.device) if ws_bytes else None
-    _on_device(device, _C.run, plan, _COUNT_TYPES[counts.dtype],
-               x.data_ptr(), x.stride(0) if num_tokens > 1 else k,
-               weights.data_ptr(), ldw, weights.stride(0) if num_experts > 1 else 0,
-               out.data_ptr(), out.stride(0) if num_tokens > 1 else n, counts.data_ptr(),
-               workspace.data_ptr() if ws_bytes else 0, ws_bytes, zero_tail, _stream(device))
+    args = (plan, _COUNT_TYPES[counts.dtype], x.data_ptr(), x.stride(0) if num_tokens > 1 else k,
+            weights.data_ptr(), ldw, weights.stride(0) if num_experts > 1 else 0,
+            out.data_ptr(), out.stride(0) if num_tokens > 1 else n, counts.data_ptr(),
+            workspace.data_ptr() if ws_bytes else 0, ws_bytes, zero_tail, _stream(device))
+    if fused is None:
+        _on_device(device, _C.run, *args)
+    else:
+        bias, activation, row_scale = fused
+        _on_device(device, _C.run_fused, *args, bias.data_ptr() if bias is not None else 0,
+                   bias.stride(0) if bias is not None else 0, row_scale.data_ptr() if row_scale is not None else 0,
+                   activation)
     return out
 
 
@@ -291,7 +299,54 @@ def _traced(*tensors) -> bool:
 
 
 def _records_graph(*tensors) -> bool:
-    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+# ---- fused epilogue ------------------------------------------------------------------------------
+
+def _check_fused(x, bias, activation, row_scale, num_experts: int, n: int) -> None:
+    if activation is not None and activation not in ACTIVATIONS:
+        raise ValueError(f"activation: expected None or one of {sorted(ACTIVATIONS)}, got {activation!r}")
+    if bias is not None:
+        _check_tensor("bias", bias, 2)
+        if tuple(bias.shape) != (num_experts, n):
+            raise ValueError(f"bias: expected shape {(num_experts, n)} (E, N), got {tuple(bias.shape)}")
+        if bias.dtype != x.dtype:
+            raise TypeError(f"bias: dtype {bias.dtype} does not match x's {x.dtype}")
+        if bias.device != x.device:
+            raise ValueError(f"bias: on {bias.device}, expected x's device {x.device}")
+        if n > 1 and bias.stride(1) != 1:
+            raise ValueError(f"bias: the last dimension must be contiguous, got strides {tuple(bias.stride())}")
+    if row_scale is not None:
+        _check_tensor("row_scale", row_scale, 1)
+        if row_scale.shape[0] != x.shape[0]:
+            raise ValueError(f"row_scale: expected {x.shape[0]} entries (one per row of x), got {row_scale.shape[0]}")
+        # float64 too on the CPU reference path with float64 x (torch.autograd.gradcheck)
+        if row_scale.dtype != torch.float32 and not (x.device.type == "cpu" and row_scale.dtype == x.dtype):
+            raise TypeError(f"row_scale: expected dtype torch.float32, got {row_scale.dtype}")
+        if row_scale.device != x.device:
+            raise ValueError(f"row_scale: on {row_scale.device}, expected x's device {x.device}")
+        if x.shape[0] > 1 and row_scale.stride(0) != 1:
+            raise ValueError(f"row_scale: must be contiguous, got stride {row_scale.stride(0)}")
+
+
+def _apply_epilogue(y: torch.Tensor, tokens_per_expert: torch.Tensor, bias, activation, row_scale) -> torch.Tensor:
+    """The fused epilogue in torch operations, on moe_gemm's output (differentiable, traceable, no
+    host synchronization): what the fused kernel computes, with y rounded to its dtype first."""
+    num_tokens = y.shape[0]
+    compute = torch.float64 if y.dtype == torch.float64 else torch.float32
+    h = y.to(compute)
+    if bias is not None:
+        # Each row's expert by the kernels' rule (counts clamped to [0, T], ends capped at T); rows
+        # past the last owned one get the appended zero row.
+        counts = tokens_per_expert.to(y.device, torch.int64).clamp(0, num_tokens)
+        ends = torch.cumsum(counts, 0).clamp(max=num_tokens)
+        expert = torch.searchsorted(ends, torch.arange(num_tokens, device=y.device), right=True)
+        h = h + torch.cat([bias, bias.new_zeros(1, bias.shape[1])])[expert].to(compute)
+    h = ACTIVATIONS[activation or "none"](h)
+    if row_scale is not None:
+        h = h * row_scale[:, None]
+    return h.to(y.dtype)
 
 
 def moe_gemm(
@@ -303,8 +358,12 @@ def moe_gemm(
     out: Optional[torch.Tensor] = None,
     backend: str = "auto",
     config: str = "auto",
+    bias: Optional[torch.Tensor] = None,
+    activation: Optional[str] = None,
+    row_scale: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    """Grouped GEMM over experts: ``out[rows_e] = x[rows_e] @ W_e`` with fp32 accumulation.
+    """Grouped GEMM over experts: ``out[rows_e] = x[rows_e] @ W_e`` with fp32 accumulation, and
+    optionally a fused epilogue ``row_scale[rows_e] * act(x[rows_e] @ W_e + bias[e])``.
 
     Args:
         x: (T, K) bf16 or fp16, rows sorted by expert (expert 0's rows first). Rows may be
@@ -326,6 +385,16 @@ def moe_gemm(
             and problem (from the arch, T/E, N, K).
         config: ``"auto"`` (heuristic from T/E, N, K) or a kernel config name from
             :func:`cutlass_moe.built_configs` for the chosen backend.
+        bias: optional (E, N) tensor of x's dtype, added to expert e's rows.
+        activation: optional ``"relu"``, ``"gelu_tanh"``, ``"gelu"`` (erf) or ``"silu"``, applied
+            after the bias.
+        row_scale: optional (T,) float32 tensor multiplying each output row last (the router
+            weight of the down projection).
+            The three run in the epilogue of the sm90 ``moe`` family, in fp32 from the
+            accumulators, when the call needs no gradient. Otherwise (a gradient is recorded,
+            torch.compile, the CPU, another family) they run as torch operations on the GEMM's
+            output (rounded to x's dtype first), differentiable in every tensor argument; that
+            path's bias gradient gathers with atomics, so it is not bitwise reproducible.
 
     Returns:
         (T, N) tensor of x's dtype. Expert e owns rows ``[start_e, start_e + count_e)`` where the
@@ -354,12 +423,44 @@ def moe_gemm(
         True
     """
     _check_moe_gemm(x, weights, tokens_per_expert, trans_b, out, backend, config)
+    if bias is not None or activation not in (None, "none") or row_scale is not None:
+        return _moe_gemm_fused(x, weights, tokens_per_expert, trans_b, out, backend, config, bias, activation,
+                               row_scale)
     if out is None:
         if _traced(x, weights):
             return _moe_gemm_op(x, weights, tokens_per_expert, trans_b, backend, config)
         if _records_graph(x, weights):
             return _MoeGemmFunction.apply(x, weights, tokens_per_expert, trans_b, backend, config)
     return _moe_gemm_impl(x, weights, tokens_per_expert, trans_b, out, backend, config)
+
+
+def _moe_gemm_fused(x, weights, tokens_per_expert, trans_b, out, backend, config, bias, activation, row_scale):
+    num_tokens, k = x.shape
+    num_experts = weights.shape[0]
+    n = weights.shape[1] if trans_b else weights.shape[2]
+    _check_fused(x, bias, activation, row_scale, num_experts, n)
+    if out is not None and _records_graph(x, weights, bias, row_scale):
+        raise RuntimeError("out: a call with out= is not differentiable; drop out= or run under torch.no_grad()")
+    if (x.device.type == "cuda" and k > 0 and num_experts > 0 and n > 0 and num_tokens > 0
+            and not _traced(x, weights) and not _records_graph(x, weights, bias, row_scale)):
+        layout = _weight_layout(weights, trans_b)[0]
+        plan = _plan(_DTYPES[x.dtype], layout, num_tokens, num_experts, n, k, _BACKENDS[backend], _CONFIGS[config],
+                     x.device.index)
+        if plan.backend == "moe":
+            fused = (bias, _ACTIVATION_IDS[activation or "none"], row_scale)
+            return _moe_gemm_impl(x, weights, tokens_per_expert, trans_b, out, backend, config, fused)
+    y = moe_gemm(x, weights, tokens_per_expert, trans_b=trans_b, backend=backend, config=config)
+    y = _apply_epilogue(y, tokens_per_expert, bias, activation, row_scale)
+    if out is None:
+        return y
+    # Rows no expert owns keep out's values, as in the unfused call.
+    return out.copy_(torch.where(_owned_rows(tokens_per_expert, num_tokens, x.device)[:, None], y, out))
+
+
+def _owned_rows(tokens_per_expert: torch.Tensor, num_tokens: int, device) -> torch.Tensor:
+    counts = tokens_per_expert.to(device, torch.int64).clamp(0, num_tokens)
+    owned = torch.sum(counts).clamp(max=num_tokens)
+    return torch.arange(num_tokens, device=device) < owned
 
 
 # ---- weight gradient ---------------------------------------------------------------------------

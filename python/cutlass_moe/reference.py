@@ -38,6 +38,16 @@ def weight_matrix(weights: torch.Tensor, expert: int, trans_b: bool) -> torch.Te
     return weights[expert].t() if trans_b else weights[expert]
 
 
+# The fused epilogue's activations (moe_gemm's `activation`), on float tensors.
+ACTIVATIONS = {
+    "none": lambda v: v,
+    "relu": torch.relu,
+    "gelu_tanh": lambda v: torch.nn.functional.gelu(v, approximate="tanh"),
+    "gelu": torch.nn.functional.gelu,
+    "silu": torch.nn.functional.silu,
+}
+
+
 def moe_gemm_reference(
     x: torch.Tensor,
     weights: torch.Tensor,
@@ -45,21 +55,32 @@ def moe_gemm_reference(
     *,
     trans_b: bool = False,
     out: Optional[torch.Tensor] = None,
+    bias: Optional[torch.Tensor] = None,
+    activation: Optional[str] = None,
+    row_scale: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    """``out[rows_e] = x[rows_e] @ W_e`` for every expert, in float32 (float64 for float64 x).
+    """``out[rows_e] = row_scale[rows_e] * act(x[rows_e] @ W_e + bias[e])`` for every expert, in
+    float32 (float64 for float64 x); without bias, activation and row_scale, ``x[rows_e] @ W_e``.
 
     Returns a float32 (T, N) tensor unless ``out`` is given, in which case the result is cast to
     out's dtype and written into it. Rows no expert owns are zero in a new result and left
-    untouched in ``out``.
+    untouched in ``out``. Differentiable (plain torch operations).
     """
     num_tokens = x.shape[0]
     n = weights.shape[1] if trans_b else weights.shape[2]
     acc = _compute_dtype(x)
+    act = ACTIVATIONS[activation or "none"]
     result = out if out is not None else torch.zeros(num_tokens, n, dtype=acc, device=x.device)
     for expert, (start, stop) in enumerate(expert_row_ranges(tokens_per_expert, num_tokens)):
         if stop > start:
             w = weight_matrix(weights, expert, trans_b).to(acc)
-            result[start:stop] = (x[start:stop].to(acc) @ w).to(result.dtype)
+            rows = x[start:stop].to(acc) @ w
+            if bias is not None:
+                rows = rows + bias[expert].to(acc)
+            rows = act(rows)
+            if row_scale is not None:
+                rows = rows * row_scale[start:stop, None].to(acc)
+            result[start:stop] = rows.to(result.dtype)
     return result
 
 

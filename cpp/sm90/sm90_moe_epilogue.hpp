@@ -13,7 +13,7 @@
 //     copy through the ragged view of out (sm90_moe_descriptors.hpp) while the consumer goes on to
 //     its next tile.
 //
-// The fusion interface (BiasActivationScaleFusion, the MoE kernel's, implements it):
+// The fusion interface (LinearFusion is the identity):
 //   Arguments, Params, to_underlying_arguments(Arguments)  host -> device parameters
 //   kOutputsPerPair     2: one output per accumulator column; 1: a gated fusion combining a
 //                       (gate, up) pair into one output, so the output has half the columns
@@ -39,63 +39,22 @@
 
 namespace cutlass_moe::sm90 {
 
-// The MoE kernel's fusion: out = row_scale[row] * activation(acc + bias[expert][col]), each part a
-// runtime switch (a null pointer, Activation::kNone), the same for every thread of a launch, so the
-// disabled parts cost a predictable branch each. Rows and columns past T and N (a partial tile) are
-// visited too; their per-row and per-column reads are skipped.
+// out = accumulators, converted to the output type.
 template <class ElementOut>
-struct BiasActivationScaleFusion {
-  struct Arguments {
-    const ElementOut* bias;  // E x N, row stride bias_stride; null: none
-    int64_t bias_stride;
-    const float* row_scale;  // T factors; null: none
-    int activation;          // Activation
-    int num_tokens;
-    int n;
-  };
-  using Params = Arguments;
+struct LinearFusion {
+  struct Arguments {};
+  struct Params {};
   static constexpr int kOutputsPerPair = 2;
   static constexpr bool kReadsOutput = false;
 
-  static Params to_underlying_arguments(Arguments const& args) { return args; }
+  static Params to_underlying_arguments(Arguments const&) { return {}; }
 
-  CUTLASS_DEVICE explicit BiasActivationScaleFusion(Params const& params) : params_(params) {}
-
-  CUTLASS_DEVICE void begin_tile(int expert) {
-    bias_ = params_.bias != nullptr ? params_.bias + int64_t(expert) * params_.bias_stride : nullptr;
+  CUTLASS_DEVICE explicit LinearFusion(Params const&) {}
+  CUTLASS_DEVICE void begin_tile(int /*expert*/) {}
+  CUTLASS_DEVICE cutlass::Array<ElementOut, 2> visit(cutlass::Array<float, 2> const& acc, int /*row*/,
+                                                     int /*col*/) const {
+    return cutlass::NumericArrayConverter<ElementOut, float, 2>{}(acc);
   }
-
-  CUTLASS_DEVICE static float activate(float v, int activation) {
-    switch (static_cast<Activation>(activation)) {
-      case Activation::kRelu: return fmaxf(v, 0.0f);
-      case Activation::kGeluTanh: return 0.5f * v * (1.0f + tanhf(0.7978845608f * (v + 0.044715f * v * v * v)));
-      case Activation::kGelu: return 0.5f * v * (1.0f + erff(v * 0.7071067812f));
-      case Activation::kSilu: return v / (1.0f + __expf(-v));
-      default: return v;
-    }
-  }
-
-  CUTLASS_DEVICE cutlass::Array<ElementOut, 2> visit(cutlass::Array<float, 2> const& acc, int row, int col) const {
-    float v0 = acc[0], v1 = acc[1];
-    if (bias_ != nullptr && col < params_.n) {  // N is even: col + 1 < N too
-      v0 += float(bias_[col]);
-      v1 += float(bias_[col + 1]);
-    }
-    if (params_.activation != static_cast<int>(Activation::kNone)) {
-      v0 = activate(v0, params_.activation);
-      v1 = activate(v1, params_.activation);
-    }
-    if (params_.row_scale != nullptr && row < params_.num_tokens) {
-      const float scale = params_.row_scale[row];
-      v0 *= scale;
-      v1 *= scale;
-    }
-    return cutlass::NumericArrayConverter<ElementOut, float, 2>{}({v0, v1});
-  }
-
- private:
-  Params const& params_;
-  const ElementOut* bias_ = nullptr;
 };
 
 template <class Fusion>

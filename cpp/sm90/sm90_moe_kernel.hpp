@@ -36,9 +36,72 @@
 
 namespace cutlass_moe::sm90 {
 
+// The fused epilogue, out = row_scale[row] * act(acc + bias[e][col]), applied to a tile's
+// accumulators before the epilogue stores them. A launch without it pays one uniform branch per
+// tile: the per-element work sits in its own unrolled loops, one per activation (a fragment indexed
+// at run time would live in local memory), never in the epilogue's store loops (a per-element
+// switch there once made every call 1.36x slower, benchmarks/NOTES.md).
+template <class Element>
+struct FusedEpilogue {
+  const Element* bias;  // E x N, row stride bias_stride; null: none
+  int64_t bias_stride;
+  const float* row_scale;  // T factors; null: none
+  int activation;          // Activation
+  int num_tokens;
+  int n;
+  bool enabled;  // any of the three
+
+  // accum: a thread's fragment of the tile whose first row of out is `first_row` and first column
+  // `first_col`; coords: the fragment's (row, column) in the tile. Rows and columns past T and N
+  // (a partial tile, never stored) skip their per-row and per-column reads.
+  template <class Accumulators, class Coords>
+  CUTLASS_DEVICE void apply(Accumulators& accum, Coords const& coords, int expert, int first_row,
+                            int first_col) const {
+    using namespace cute;
+    if (bias != nullptr) {
+      const Element* bias_row = bias + int64_t(expert) * bias_stride;
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < size(accum); ++i) {
+        const int col = first_col + get<1>(coords(i));
+        if (col < n) accum(i) += float(bias_row[col]);
+      }
+    }
+    switch (static_cast<Activation>(activation)) {
+      case Activation::kRelu:
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < size(accum); ++i) accum(i) = fmaxf(accum(i), 0.0f);
+        break;
+      case Activation::kGeluTanh:
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < size(accum); ++i) {
+          const float v = accum(i);
+          accum(i) = 0.5f * v * (1.0f + tanhf(0.7978845608f * (v + 0.044715f * v * v * v)));
+        }
+        break;
+      case Activation::kGelu:
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < size(accum); ++i) accum(i) = 0.5f * accum(i) * (1.0f + erff(accum(i) * 0.7071067812f));
+        break;
+      case Activation::kSilu:
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < size(accum); ++i) accum(i) = accum(i) / (1.0f + __expf(-accum(i)));
+        break;
+      default:
+        break;
+    }
+    if (row_scale != nullptr) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < size(accum); ++i) {
+        const int row = first_row + get<0>(coords(i));
+        accum(i) *= row < num_tokens ? row_scale[row] : 0.0f;
+      }
+    }
+  }
+};
+
 // Element: x, weights and out. LayoutB: weights[e] as a K x N matrix. Config: tile shape and
 // schedule (sm90_configs.cuh). Fusion: what the epilogue applies (sm90_moe_epilogue.hpp).
-template <class Element_, class LayoutB_, class Config, template <class> class Fusion_ = BiasActivationScaleFusion>
+template <class Element_, class LayoutB_, class Config, template <class> class Fusion_ = LinearFusion>
 class MoeGemmKernel {
  public:
   using Element            = Element_;
@@ -105,6 +168,7 @@ class MoeGemmKernel {
     int64_t ldw;            // between rows (K x N layout) or columns (N x K) of one expert
     int64_t expert_stride;
     typename CollectiveEpilogue::Arguments epilogue;  // out and the fusion's arguments
+    FusedEpilogue<Element> fused;
     void const* tokens_per_expert;
     bool counts_are_int64;
     cutlass::KernelHardwareInfo hw_info;  // device_id and sm_count
@@ -117,6 +181,7 @@ class MoeGemmKernel {
     typename Scheduler::Params scheduler;
     MoeProblemShape problem;
     int max_ctas;  // persistent CTAs: SMs x resident CTAs per SM
+    FusedEpilogue<Element> fused;
   };
 
   // Sizes and strides the kernel takes: TMA wants 16-byte multiples; the ragged views keep row and
@@ -147,7 +212,8 @@ class MoeGemmKernel {
             CollectiveEpilogue::to_underlying_arguments(p, args.epilogue, device),
             {args.tokens_per_expert, args.counts_are_int64, p.num_experts, p.num_tokens, tiles_n, {}},
             p,
-            args.hw_info.sm_count};
+            args.hw_info.sm_count,
+            args.fused};
   }
 
   // Persistent: min(max_ctas, most tiles any count vector can make).
@@ -159,6 +225,18 @@ class MoeGemmKernel {
   static dim3 get_block_shape() { return dim3(MaxThreadsPerBlock); }
 
   CUTLASS_DEVICE void operator()(Params const& params, char* smem);
+
+ private:
+  // The fused epilogue on a tile's accumulators; mma_thread: the thread's index in its tiled MMA.
+  template <class Accumulators>
+  CUTLASS_DEVICE static void fuse(FusedEpilogue<Element> const& fused, Accumulators& accum, MoeTile const& tile,
+                                  int mma_thread) {
+    using namespace cute;
+    TiledMma tiled_mma;
+    Tensor coords = tiled_mma.get_thread_slice(mma_thread).partition_C(
+        make_identity_tensor(make_shape(Int<kTileM>{}, Int<kTileN>{})));
+    fused.apply(accum, coords, tile.expert, tile.row_start + tile.m_tile * kTileM, tile.n_tile * kTileN);
+  }
 };
 
 template <class Element, class LayoutB, class Config, template <class> class Fusion>
@@ -245,6 +323,7 @@ CUTLASS_DEVICE void MoeGemmKernel<Element, LayoutB, Config, Fusion>::operator()(
         math_order.arrive();
         mainloop.mma_tail(pipeline, read_state, k_tiles);
         read_state.advance(k_tiles * kConsumers);
+        if (params.fused.enabled) fuse(params.fused, accum, tile, group_thread);
         epilogue.store(tile, accum);
       }
       epilogue.store_tail();
@@ -258,6 +337,7 @@ CUTLASS_DEVICE void MoeGemmKernel<Element, LayoutB, Config, Fusion>::operator()(
         mainloop.mma(pipeline, read_state, accum, k_tiles, mma_thread, storage.tensors, params.mainloop);
         mainloop.mma_tail(pipeline, read_state, k_tiles);
         read_state.advance(k_tiles);
+        if (params.fused.enabled) fuse(params.fused, accum, tile, mma_thread);
         epilogue.store(tile, accum);
       }
       epilogue.store_tail();

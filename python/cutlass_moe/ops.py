@@ -342,7 +342,9 @@ def _apply_epilogue(y: torch.Tensor, tokens_per_expert: torch.Tensor, bias, acti
         counts = tokens_per_expert.to(y.device, torch.int64).clamp(0, num_tokens)
         ends = torch.cumsum(counts, 0).clamp(max=num_tokens)
         expert = torch.searchsorted(ends, torch.arange(num_tokens, device=y.device), right=True)
-        h = h + torch.cat([bias, bias.new_zeros(1, bias.shape[1])])[expert].to(compute)
+        # The gather in the compute dtype: its backward sums each expert's rows in it, not in bf16.
+        bias_rows = bias.to(compute)
+        h = h + torch.cat([bias_rows, bias_rows.new_zeros(1, bias.shape[1])])[expert]
     h = ACTIVATIONS[activation or "none"](h)
     if row_scale is not None:
         h = h * row_scale[:, None]

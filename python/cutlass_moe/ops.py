@@ -437,6 +437,8 @@ def moe_gemm(
 
 
 def _moe_gemm_fused(x, weights, tokens_per_expert, trans_b, out, backend, config, bias, activation, row_scale):
+    """moe_gemm with a fused epilogue: in the sm90 moe kernel when nothing needs a gradient or a
+    trace and the plan resolves to that family; otherwise the GEMM, then _apply_epilogue."""
     num_tokens, k = x.shape
     num_experts = weights.shape[0]
     n = weights.shape[1] if trans_b else weights.shape[2]

@@ -5,11 +5,9 @@
 
 #include "sm90/sm90_tma_encode.hpp"  // first: routes every TMA encode through a checked call
 
-#include <cutlass/device_kernel.h>
-
 #include "check.h"
 #include "kernel_families.h"
-#include "launch_facts.h"
+#include "sm90/sm90_launch.cuh"
 #include "sm90/sm90_wgrad_kernel.hpp"
 #include "wgrad_common.cuh"
 
@@ -53,13 +51,7 @@ void WgradMoeInstance<kDType, kOutDType, kConfig>::run(const MoeWgradProblem& p,
                                                                  << op.n << ", E = " << p.num_experts
                                                                  << " with these strides");
   const typename Kernel::Params params = Kernel::to_underlying_arguments(args, workspace);
-  const void* kernel = reinterpret_cast<const void*>(&cutlass::device_kernel<Kernel>);
-  const int ctas_per_sm = resident_ctas_per_sm(kernel, Kernel::MaxThreadsPerBlock, Kernel::SharedStorageSize, device);
-  CUTLASS_MOE_CHECK(ctas_per_sm == 1, Status::kNotSupported,
-                    "the sm90 MoE wgrad kernel expects one CTA per SM, got " << ctas_per_sm);
-  cutlass::device_kernel<Kernel>
-      <<<Kernel::get_grid_shape(params), Kernel::get_block_shape(), Kernel::SharedStorageSize, stream>>>(params);
-  CUTLASS_MOE_CHECK_CUDA(cudaGetLastError());
+  launch_one_cta_per_sm<Kernel>(params, device, stream, "the sm90 MoE wgrad kernel");
 }
 
 }  // namespace cutlass_moe::sm90

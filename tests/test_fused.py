@@ -51,6 +51,24 @@ def test_bad_arguments_name_themselves():
         moe_gemm(x, w, counts, row_scale=scale.double())
 
 
+@pytest.mark.parametrize("counts", [[40, 0, 25], [70, 0, 5], [-4, 30, 2**40], [0, 0, 0], [2**63 - 1, -2**63, 3]])
+def test_composite_epilogue_follows_the_clamp_rule(counts):
+    # The composite path finds each row's expert from device counts on its own: it must follow the
+    # kernels' clamp rule (expert_row_ranges) for any count vector, hostile ones included.
+    from cutlass_moe.ops import _apply_epilogue
+    t, k, n = 60, 16, 8
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(t, k, generator=gen, dtype=torch.float64)
+    w = torch.randn(3, k, n, generator=gen, dtype=torch.float64)
+    bias = torch.randn(3, n, generator=gen, dtype=torch.float64)
+    scale = torch.rand(t, generator=gen, dtype=torch.float64)
+    c = torch.tensor(counts, dtype=torch.int64)
+    plain = moe_gemm_reference(x, w, c)
+    got = _apply_epilogue(plain, c, bias, "silu", scale)
+    want = moe_gemm_reference(x, w, c, bias=bias, activation="silu", row_scale=scale)
+    torch.testing.assert_close(got, want)
+
+
 @pytest.mark.parametrize("activation", ACTIVATIONS)
 def test_cpu_matches_reference(activation):
     x, w, bias, scale, counts = make(200, 48, 40, 6, torch.bfloat16, "cpu", kind="random")

@@ -77,6 +77,16 @@ def test_cpu_matches_reference(activation):
     check(y, ref, counts, 200)
 
 
+def test_cpu_out_keeps_rows_no_expert_owns():
+    # The composite path with out=: owned rows get the result, the 5 tail rows keep out's values.
+    x, w, bias, scale, counts = make(100, 32, 24, 4, torch.bfloat16, "cpu", kind="random")
+    out = torch.full((100, 24), 7.0, dtype=torch.bfloat16)
+    assert moe_gemm(x, w, counts, bias=bias, activation="relu", row_scale=scale, out=out) is out
+    ref = moe_gemm_reference(x, w, counts, bias=bias, activation="relu", row_scale=scale)
+    check(out[:95], ref[:95], counts, 95)
+    assert bool((out[95:] == 7.0).all())
+
+
 def test_cpu_gradcheck():
     x, w, bias, scale, counts = make(24, 8, 8, 3, torch.float64, "cpu", kind="random")
     args = [t.double().requires_grad_() for t in (x, w, bias, scale)]

@@ -330,6 +330,14 @@ def _check_fused(x, bias, activation, row_scale, num_experts: int, n: int) -> No
             raise ValueError(f"row_scale: must be contiguous, got stride {row_scale.stride(0)}")
 
 
+def _row_experts(tokens_per_expert: torch.Tensor, num_tokens: int, device) -> torch.Tensor:
+    """Each row's expert by the kernels' clamp rule (counts clamped to [0, T], ends capped at T),
+    computed on `device` without a host synchronization; rows no expert owns get E."""
+    counts = tokens_per_expert.to(device, torch.int64).clamp(0, num_tokens)
+    ends = torch.cumsum(counts, 0).clamp(max=num_tokens)
+    return torch.searchsorted(ends, torch.arange(num_tokens, device=device), right=True)
+
+
 def _apply_epilogue(y: torch.Tensor, tokens_per_expert: torch.Tensor, bias, activation, row_scale) -> torch.Tensor:
     """The fused epilogue in torch operations, on moe_gemm's output (differentiable, traceable, no
     host synchronization): what the fused kernel computes, with y rounded to its dtype first."""
@@ -337,11 +345,8 @@ def _apply_epilogue(y: torch.Tensor, tokens_per_expert: torch.Tensor, bias, acti
     compute = torch.float64 if y.dtype == torch.float64 else torch.float32
     h = y.to(compute)
     if bias is not None:
-        # Each row's expert by the kernels' rule (counts clamped to [0, T], ends capped at T); rows
-        # past the last owned one get the appended zero row.
-        counts = tokens_per_expert.to(y.device, torch.int64).clamp(0, num_tokens)
-        ends = torch.cumsum(counts, 0).clamp(max=num_tokens)
-        expert = torch.searchsorted(ends, torch.arange(num_tokens, device=y.device), right=True)
+        # Rows no expert owns (expert E) get the appended zero row.
+        expert = _row_experts(tokens_per_expert, num_tokens, y.device)
         # The gather in the compute dtype: its backward sums each expert's rows in it, not in bf16.
         bias_rows = bias.to(compute)
         h = h + torch.cat([bias_rows, bias_rows.new_zeros(1, bias.shape[1])])[expert]
@@ -458,13 +463,8 @@ def _moe_gemm_fused(x, weights, tokens_per_expert, trans_b, out, backend, config
     if out is None:
         return y
     # Rows no expert owns keep out's values, as in the unfused call.
-    return out.copy_(torch.where(_owned_rows(tokens_per_expert, num_tokens, x.device)[:, None], y, out))
-
-
-def _owned_rows(tokens_per_expert: torch.Tensor, num_tokens: int, device) -> torch.Tensor:
-    counts = tokens_per_expert.to(device, torch.int64).clamp(0, num_tokens)
-    owned = torch.sum(counts).clamp(max=num_tokens)
-    return torch.arange(num_tokens, device=device) < owned
+    owned = _row_experts(tokens_per_expert, num_tokens, x.device) < num_experts
+    return out.copy_(torch.where(owned[:, None], y, out))
 
 
 # ---- weight gradient ---------------------------------------------------------------------------

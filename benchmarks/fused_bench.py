@@ -13,7 +13,7 @@ import torch
 
 import cutlass_moe
 from cutlass_moe import bench
-from cutlass_moe.ops import _apply_epilogue
+from cutlass_moe.fused import FusedArgs, _apply_epilogue
 
 
 def main():
@@ -38,8 +38,8 @@ def main():
             "plain": lambda: cutlass_moe.moe_gemm(x, w, counts, backend="moe"),
             "fused": lambda: cutlass_moe.moe_gemm(x, w, counts, backend="moe", bias=bias,
                                                   activation=args.activation, row_scale=scale),
-            "composite": lambda: _apply_epilogue(cutlass_moe.moe_gemm(x, w, counts, backend="moe"), counts, bias,
-                                                 args.activation, scale),
+            "composite": lambda: _apply_epilogue(cutlass_moe.moe_gemm(x, w, counts, backend="moe"), counts,
+                                                 FusedArgs(bias, args.activation, scale)),
         }
         fused, composite = runners["fused"]().float(), runners["composite"]().float()
         err = float((fused - composite).norm() / composite.norm().clamp_min(1e-30))

@@ -263,9 +263,12 @@ void check_layout(const MoeGemmProblem& p) {
   // whole 16-byte vectors.
   CUTLASS_MOE_CHECK_ARG(p.k % 8 == 0, "x: K = " << p.k << " must be a multiple of 8 (16 bytes, for TMA)");
   CUTLASS_MOE_CHECK_ARG(p.n % 8 == 0, "weights: N = " << p.n << " must be a multiple of 8 (16 bytes, for TMA)");
-  CUTLASS_MOE_CHECK_ARG(p.ldout >= p.n && p.ldout % 8 == 0,
-                        "out: row stride of " << p.ldout << " elements must be a multiple of 8 (16 bytes) and >= N = "
-                                              << p.n);
+  CUTLASS_MOE_CHECK_ARG(!p.gated || p.n % 16 == 0,
+                        "weights: N = " << p.n << " must be a multiple of 16 for a gated projection (N/2 output "
+                                        "columns in 16-byte vectors)");
+  CUTLASS_MOE_CHECK_ARG(p.ldout >= out_columns(p) && p.ldout % 8 == 0,
+                        "out: row stride of " << p.ldout << " elements must be a multiple of 8 (16 bytes) and >= "
+                                              << out_columns(p) << " (its columns)");
   if (p.k == 0) return;
   CUTLASS_MOE_CHECK_ARG(p.ldx >= p.k && p.ldx % 8 == 0,
                         "x: row stride of " << p.ldx << " elements must be a multiple of 8 (16 bytes) and >= K = "
@@ -284,6 +287,10 @@ void check_problem(const MoeGemmProblem& p) {
   check_layout(p);
   CUTLASS_MOE_CHECK_ARG(static_cast<int>(p.activation) >= 0 && static_cast<int>(p.activation) < kNumActivations,
                         "activation: unknown value " << static_cast<int>(p.activation));
+  CUTLASS_MOE_CHECK_ARG(p.gated || p.activation != Activation::kSwigluOai,
+                        "activation: swiglu_oai is a gated activation (moe_gemm_gated)");
+  CUTLASS_MOE_CHECK_ARG(!p.gated || (p.limit > 0.0f && p.alpha == p.alpha),
+                        "limit: expected a positive clamp limit, got " << p.limit);
   CUTLASS_MOE_CHECK_ARG(p.bias == nullptr || p.bias_stride >= p.n,
                         "bias: row stride of " << p.bias_stride << " elements must be >= N = " << p.n);
   if (is_empty(p)) return;
@@ -347,7 +354,7 @@ void run_moe_gemm(const MoeGemmPlan& plan, const MoeGemmProblem& p, void* worksp
                                           << plan.n << ", " << plan.k << "), not for this problem");
   if (is_empty(p)) return;
   CUTLASS_MOE_CHECK_ARG(!has_fused_epilogue(p) || (plan.backend == Backend::kMoe && p.k > 0),
-                        "bias, activation, row_scale: the fused epilogue runs in the sm90 'moe' family with K > 0; "
+                        "bias, activation, row_scale, gated: the fused epilogue runs in the sm90 'moe' family with K > 0; "
                         "this call resolved to '"
                             << backend_name(plan.backend) << "' with K = " << p.k);
   if (p.k == 0) {

@@ -56,13 +56,14 @@ zero_rows_kernel(const Count* __restrict__ tokens_per_expert, int64_t num_expert
 }
 
 void launch_zero_rows(const MoeGemmProblem& p, bool owned, cudaStream_t stream) {
-  if (p.num_tokens == 0 || p.n == 0) return;
+  const int64_t n = out_columns(p);
+  if (p.num_tokens == 0 || n == 0) return;
   // Enough CTAs to stream the rows; each first reads the E counts (a few KB, from L2).
-  const int64_t vectors = p.num_tokens * (p.n / 8);
+  const int64_t vectors = p.num_tokens * (n / 8);
   const int blocks = static_cast<int>(std::min<int64_t>((vectors + kThreads - 1) / kThreads, 1024));
   with_typed_counts(p.count_type, p.tokens_per_expert, [&](auto const* counts) {
     zero_rows_kernel<<<blocks, kThreads, 0, stream>>>(counts, p.num_experts, p.num_tokens,
-                                                      static_cast<uint16_t*>(p.out), p.n, p.ldout, owned);
+                                                      static_cast<uint16_t*>(p.out), n, p.ldout, owned);
   });
   CUTLASS_MOE_CHECK_CUDA(cudaGetLastError());
 }

@@ -1,6 +1,6 @@
-"""The fused epilogue of moe_gemm (bias, activation, row scale): against the float32 reference,
-expert by expert, on the fused sm90 kernel and on the composite path (gradients, other families,
-the CPU); and the argument errors."""
+"""The fused epilogues: moe_gemm's bias, activation and row scale, and the gated projection
+moe_gemm_gated. Against the float32 reference, expert by expert, on the fused sm90 kernel and on
+the composite path (gradients, other families, the CPU); the custom op; the argument errors."""
 import pytest
 import torch
 
@@ -55,7 +55,7 @@ def test_bad_arguments_name_themselves():
 def test_composite_epilogue_follows_the_clamp_rule(counts):
     # The composite path finds each row's expert from device counts on its own: it must follow the
     # kernels' clamp rule (expert_row_ranges) for any count vector, hostile ones included.
-    from cutlass_moe.ops import _apply_epilogue
+    from cutlass_moe.fused import FusedArgs, _apply_epilogue
     t, k, n = 60, 16, 8
     gen = torch.Generator().manual_seed(7)
     x = torch.randn(t, k, generator=gen, dtype=torch.float64)
@@ -64,7 +64,7 @@ def test_composite_epilogue_follows_the_clamp_rule(counts):
     scale = torch.rand(t, generator=gen, dtype=torch.float64)
     c = torch.tensor(counts, dtype=torch.int64)
     plain = moe_gemm_reference(x, w, c)
-    got = _apply_epilogue(plain, c, bias, "silu", scale)
+    got = _apply_epilogue(plain, c, FusedArgs(bias, "silu", scale))
     want = moe_gemm_reference(x, w, c, bias=bias, activation="silu", row_scale=scale)
     torch.testing.assert_close(got, want)
 
@@ -155,3 +155,205 @@ def test_fused_compiles_fullgraph():
                        fullgraph=True)
     y = fn(x, w, counts.cuda(), bias, scale)
     check(y, moe_gemm_reference(x, w, counts, bias=bias, activation="relu", row_scale=scale), counts, t)
+
+
+# ---- the gated projection ------------------------------------------------------------------------
+
+GATED = [None, "relu", "gelu_tanh", "gelu", "silu", "swiglu_oai"]
+MOE_CONFIGS = ["sm90_pingpong_64x256x64_1x1x1", "sm90_cooperative_128x256x64_1x1x1"]
+
+
+def make_gated(t, k, inter, e, dtype, device, trans_b=False, seed=0, kind="random"):
+    """x, separate gate and up weights and biases (E, K, I) / (E, I) (or (E, I, K)), row scales, counts."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(t, k, generator=gen).to(device, dtype)
+    shape = (e, inter, k) if trans_b else (e, k, inter)
+    gate, up = ((torch.randn(*shape, generator=gen) * 2 * k ** -0.5).to(device, dtype) for _ in range(2))
+    bg, bu = (torch.randn(e, inter, generator=gen).to(device, dtype) for _ in range(2))
+    scale = torch.rand(t, generator=gen).to(device)
+    counts = random_counts(e, t - 5, gen, kind)  # 5 rows that no expert owns
+    return x, gate, up, bg, bu, scale, counts
+
+
+def separate_reference(x, gate, up, bg, bu, scale, counts, activation, trans_b=False, alpha=1.702, limit=7.0):
+    """The gated projection from two plain reference GEMMs (independent of the interleaved layout)."""
+    from cutlass_moe.reference import gated_activation
+    g = moe_gemm_reference(x, gate, counts, trans_b=trans_b, bias=bg)
+    u = moe_gemm_reference(x, up, counts, trans_b=trans_b, bias=bu)
+    h = gated_activation(g, u, activation, alpha, limit)
+    return h if scale is None else h * scale[:, None].float()
+
+
+def test_interleave_gate_up_layouts():
+    gate, up = torch.randn(2, 3, 16, 8).unbind(0)
+    w = cutlass_moe.interleave_gate_up(gate, up)
+    assert w.shape == (3, 16, 16) and w.is_contiguous()
+    assert torch.equal(w[..., 0::2], gate) and torch.equal(w[..., 1::2], up)
+    assert torch.equal(cutlass_moe.interleave_gate_up(torch.cat([gate, up], -1)), w)
+    wt = cutlass_moe.interleave_gate_up(gate.transpose(1, 2), up.transpose(1, 2), dim=1)  # (E, I, K)
+    assert torch.equal(wt, w.transpose(1, 2))
+    with pytest.raises(ValueError, match="^up: expected gate's shape"):
+        cutlass_moe.interleave_gate_up(gate, up[:, :, :4])
+    with pytest.raises(ValueError, match="^gate: a concatenated"):
+        cutlass_moe.interleave_gate_up(torch.randn(3, 16, 7))
+
+
+def test_gated_bad_arguments_name_themselves():
+    x, gate, up, bg, bu, scale, counts = make_gated(64, 32, 16, 4, torch.bfloat16, "cpu")
+    w = cutlass_moe.interleave_gate_up(gate, up)
+    with pytest.raises(TypeError, match="^weights: expected one tensor with gate and up interleaved"):
+        cutlass_moe.moe_gemm_gated(x, (gate, up), counts)
+    with pytest.raises(ValueError, match="^weights: N = 15 must be even"):
+        cutlass_moe.moe_gemm_gated(x, w[..., :15], counts)
+    with pytest.raises(ValueError, match="^activation: expected"):
+        cutlass_moe.moe_gemm_gated(x, w, counts, activation="swish")
+    with pytest.raises(ValueError, match="^activation: .*'swiglu_oai' is gated"):
+        moe_gemm(x, w, counts, activation="swiglu_oai")
+    with pytest.raises(ValueError, match=r"^bias: expected shape \(4, 32\)"):
+        cutlass_moe.moe_gemm_gated(x, w, counts, bias=bg)  # not interleaved: (E, I)
+    with pytest.raises(ValueError, match="^row_scale: expected 64 entries"):
+        cutlass_moe.moe_gemm_gated(x, w, counts, row_scale=scale[:3])
+    with pytest.raises(ValueError, match=r"^out: expected shape \(64, 16\)"):
+        cutlass_moe.moe_gemm_gated(x, w, counts, out=torch.empty(64, 32, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="^limit: expected a positive"):
+        cutlass_moe.moe_gemm_gated(x, w, counts, activation="swiglu_oai", limit=0.0)
+
+
+@pytest.mark.parametrize("activation", GATED)
+@pytest.mark.parametrize("trans_b", [False, True])
+def test_gated_cpu_matches_separate_gemms(activation, trans_b):
+    x, gate, up, bg, bu, scale, counts = make_gated(200, 48, 24, 6, torch.bfloat16, "cpu", trans_b)
+    w = cutlass_moe.interleave_gate_up(gate, up, dim=1 if trans_b else -1)
+    b = cutlass_moe.interleave_gate_up(bg, bu)
+    y = cutlass_moe.moe_gemm_gated(x, w, counts, activation=activation, trans_b=trans_b, bias=b, row_scale=scale)
+    assert y.shape == (200, 24) and y.dtype == torch.bfloat16
+    check(y, separate_reference(x, gate, up, bg, bu, scale, counts, activation, trans_b), counts, 200)
+
+
+@pytest.mark.parametrize("activation", ["silu", "swiglu_oai"])
+def test_gated_cpu_gradcheck(activation):
+    x, gate, up, bg, bu, scale, counts = make_gated(24, 8, 8, 3, torch.float64, "cpu")
+    w = cutlass_moe.interleave_gate_up(gate, up)
+    b = cutlass_moe.interleave_gate_up(bg, bu)
+    args = [t.double().requires_grad_() for t in (x, w, b, scale)]
+    fn = lambda x, w, b, s: cutlass_moe.moe_gemm_gated(x, w, counts, activation=activation, bias=b, row_scale=s,
+                                                       limit=1.5)  # a limit the values cross
+    assert torch.autograd.gradcheck(fn, args)
+
+
+def test_fused_docstring_examples_run():
+    import doctest
+    import cutlass_moe.fused as fused
+    result = doctest.testmod(fused, raise_on_error=True)
+    assert result.attempted > 0
+
+
+def test_fused_op_opcheck_cpu():
+    x, gate, up, bg, bu, scale, counts = make_gated(64, 16, 8, 3, torch.float32, "cpu")
+    w, b = cutlass_moe.interleave_gate_up(gate, up), cutlass_moe.interleave_gate_up(bg, bu)
+    torch.library.opcheck(torch.ops.cutlass_moe.moe_gemm_fused.default,
+                          (x, w, counts, False, b, "swiglu_oai", scale, True, 1.702, 7.0, "auto", "auto"))
+    torch.library.opcheck(torch.ops.cutlass_moe.moe_gemm_fused.default,
+                          (x, w, counts, False, None, "relu", scale, False, 1.702, 7.0, "auto", "auto"))
+
+
+@gpu
+@pytest.mark.parametrize("activation", GATED)
+@pytest.mark.parametrize("trans_b", [False, True])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("config", MOE_CONFIGS + ["grouped"])
+def test_gpu_gated_matches_separate_gemms(config, dtype, trans_b, activation):
+    # The fused kernel (both epilogues: pingpong staging and cooperative TMA stores) or, for
+    # "grouped", the composite path. I = 136: the last N tile is partial; zero-token experts; a tail.
+    from conftest import runs_here
+    backend = "grouped" if config == "grouped" else "moe"
+    if not runs_here(backend):
+        pytest.skip(f"no {backend} kernels for this GPU in this build")
+    if backend == "moe" and f"sm90:moe:{'bf16' if dtype == torch.bfloat16 else 'fp16'}:{'nk' if trans_b else 'kn'}:" \
+            f"{config}" not in cutlass_moe.built_configs():
+        pytest.skip(f"{config} is not built for this dtype and layout")
+    t, k, inter, e = 1000, 264, 136, 9
+    x, gate, up, bg, bu, scale, counts = make_gated(t, k, inter, e, dtype, "cuda", trans_b, seed=8)
+    counts[2] = 0
+    w = cutlass_moe.interleave_gate_up(gate, up, dim=1 if trans_b else -1)
+    b = cutlass_moe.interleave_gate_up(bg, bu)
+    kw = dict(activation=activation, trans_b=trans_b, backend=backend,
+              config="auto" if backend == "grouped" else config)
+    for bias, s in ((None, None), (b, None), (b, scale)):
+        y = cutlass_moe.moe_gemm_gated(x, w, counts.cuda(), bias=bias, row_scale=s, **kw)
+        assert y.shape == (t, inter)
+        want = separate_reference(x, gate, up, bg if bias is not None else None, bu if bias is not None else None,
+                                  s, counts, activation, trans_b)
+        check(y, want, counts, t)
+
+
+@gpu
+@pytest.mark.parametrize("kind", ["hot", "one", "uniform"])
+def test_gpu_gated_splits_and_out(kind):
+    t, k, inter, e = 4096, 512, 768, 16
+    x, gate, up, bg, bu, scale, counts = make_gated(t, k, inter, e, torch.bfloat16, "cuda", seed=9, kind=kind)
+    w, b = cutlass_moe.interleave_gate_up(gate, up), cutlass_moe.interleave_gate_up(bg, bu)
+    want = separate_reference(x, gate, up, bg, bu, None, counts, "swiglu_oai")
+    y = cutlass_moe.moe_gemm_gated(x, w, counts.cuda(), activation="swiglu_oai", bias=b, backend="moe")
+    check(y, want, counts, t)
+    out = torch.full((t, inter), 7.0, device="cuda", dtype=torch.bfloat16)
+    cutlass_moe.moe_gemm_gated(x, w, counts.cuda(), activation="swiglu_oai", bias=b, backend="moe", out=out)
+    end = sum(stop - start for start, stop in expert_row_ranges(counts, t))
+    check(out[:end], want[:end], counts, end)
+    assert bool((out[end:] == 7.0).all()), "a given out keeps the rows no expert owns"
+
+
+@gpu
+def test_gpu_gated_n_not_a_multiple_of_16_runs_the_composite():
+    t, k, inter, e = 300, 64, 12, 3  # N = 24
+    x, gate, up, bg, bu, scale, counts = make_gated(t, k, inter, e, torch.bfloat16, "cuda", seed=10)
+    w = cutlass_moe.interleave_gate_up(gate, up)
+    y = cutlass_moe.moe_gemm_gated(x, w, counts.cuda())
+    check(y, separate_reference(x, gate, up, None, None, None, counts, "silu"), counts, t)
+
+
+@gpu
+@pytest.mark.parametrize("activation", ["silu", "swiglu_oai"])
+def test_gpu_gated_gradients(activation):
+    t, k, inter, e = 300, 64, 24, 5
+    x, gate, up, bg, bu, scale, counts = make_gated(t, k, inter, e, torch.bfloat16, "cuda", seed=11)
+    w, b = cutlass_moe.interleave_gate_up(gate, up), cutlass_moe.interleave_gate_up(bg, bu)
+    leaves = [v.clone().requires_grad_() for v in (x, w, b, scale)]
+    ref_leaves = [v.detach().float().cpu().requires_grad_() for v in (x, w, b, scale)]
+    dy = torch.randn(t, inter, device="cuda", dtype=torch.bfloat16)
+    cutlass_moe.moe_gemm_gated(leaves[0], leaves[1], counts.cuda(), activation=activation, bias=leaves[2],
+                               row_scale=leaves[3], limit=3.0).backward(dy)
+    moe_gemm_reference(ref_leaves[0], ref_leaves[1], counts, bias=ref_leaves[2], activation=activation,
+                       row_scale=ref_leaves[3], gated=True, limit=3.0).backward(dy.float().cpu())
+    for name, got, want in zip(("x", "weights", "bias", "row_scale"), leaves, ref_leaves):
+        g, r = got.grad.float().cpu(), want.grad
+        err = float((g - r).norm() / r.norm().clamp_min(1e-30))
+        assert err < 2e-2, f"d{name}: relative error {err:.2e}"
+
+
+@gpu
+def test_gpu_bias_gradient_is_deterministic():
+    t, k, n, e = 4096, 64, 256, 8
+    x, w, bias, scale, counts = make(t, k, n, e, torch.bfloat16, "cuda", seed=12, kind="hot")
+    dy = torch.randn(t, n, device="cuda", dtype=torch.bfloat16)
+    grads = []
+    for _ in range(3):
+        b = bias.clone().requires_grad_()
+        moe_gemm(x, w, counts.cuda(), bias=b, activation="silu").backward(dy)
+        grads.append(b.grad)
+    assert all(torch.equal(grads[0], g) for g in grads[1:])
+
+
+@gpu
+def test_gpu_fused_op_opcheck_and_compile():
+    t, k, inter, e = 256, 64, 64, 4
+    x, gate, up, bg, bu, scale, counts = make_gated(t, k, inter, e, torch.bfloat16, "cuda", seed=13)
+    w, b = cutlass_moe.interleave_gate_up(gate, up), cutlass_moe.interleave_gate_up(bg, bu)
+    c = counts.cuda()
+    torch.library.opcheck(torch.ops.cutlass_moe.moe_gemm_fused.default,
+                          (x, w, c, False, b, "silu", scale, True, 1.702, 7.0, "auto", "auto"))
+    fn = torch.compile(lambda x, w, c, b, s: cutlass_moe.moe_gemm_gated(x, w, c, bias=b, row_scale=s),
+                       fullgraph=True)
+    with torch.no_grad():
+        y = fn(x, w, c, b, scale)
+    check(y, separate_reference(x, gate, up, bg, bu, scale, counts, "silu"), counts, t)

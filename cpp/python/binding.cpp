@@ -65,10 +65,15 @@ PYBIND11_MODULE(_C, m) {
 
   // check_layout: sizes, strides, dtype and layout, no pointers (torch fake tensors can be checked).
   m.def("check_layout", [](int dtype, int weight_layout, int count_type, int64_t num_tokens, int64_t num_experts,
-                           int64_t n, int64_t k, int64_t ldx, int64_t ldw, int64_t expert_stride, int64_t ldout) {
-    check_layout(make_problem(dtype, weight_layout, count_type, num_tokens, num_experts, n, k, ldx, ldw,
-                              expert_stride, ldout));
-  });
+                           int64_t n, int64_t k, int64_t ldx, int64_t ldw, int64_t expert_stride, int64_t ldout,
+                           bool gated) {
+    MoeGemmProblem p = make_problem(dtype, weight_layout, count_type, num_tokens, num_experts, n, k, ldx, ldw,
+                                    expert_stride, ldout);
+    p.gated = gated;
+    check_layout(p);
+  }, py::arg("dtype"), py::arg("weight_layout"), py::arg("count_type"), py::arg("num_tokens"), py::arg("num_experts"),
+     py::arg("n"), py::arg("k"), py::arg("ldx"), py::arg("ldw"), py::arg("expert_stride"), py::arg("ldout"),
+     py::arg("gated") = false);
 
   py::class_<MoeGemmPlan>(m, "Plan", "A problem shape resolved to a kernel instance (plan_moe_gemm)")
       .def_property_readonly("backend", [](const MoeGemmPlan& p) { return backend_name(p.backend); })
@@ -90,7 +95,7 @@ PYBIND11_MODULE(_C, m) {
   auto run = [](const MoeGemmPlan& plan, int count_type, uintptr_t x, int64_t ldx, uintptr_t weights, int64_t ldw,
                 int64_t expert_stride, uintptr_t out, int64_t ldout, uintptr_t tokens_per_expert, uintptr_t workspace,
                 size_t workspace_bytes, bool zero_unowned, uintptr_t stream, uintptr_t bias, int64_t bias_stride,
-                uintptr_t row_scale, int activation) {
+                uintptr_t row_scale, int activation, bool gated, float alpha, float limit) {
     MoeGemmProblem p = make_problem(static_cast<int>(plan.dtype), static_cast<int>(plan.weight_layout), count_type,
                                     plan.num_tokens, plan.num_experts, plan.n, plan.k, ldx, ldw, expert_stride, ldout);
     p.x = reinterpret_cast<const void*>(x);
@@ -101,6 +106,9 @@ PYBIND11_MODULE(_C, m) {
     p.bias_stride = bias_stride;
     p.row_scale = reinterpret_cast<const float*>(row_scale);
     p.activation = static_cast<Activation>(activation);
+    p.gated = gated;
+    p.alpha = alpha;
+    p.limit = limit;
     run_moe_gemm(plan, p, reinterpret_cast<void*>(workspace), workspace_bytes, reinterpret_cast<cudaStream_t>(stream));
     if (zero_unowned) zero_unowned_rows(p, reinterpret_cast<cudaStream_t>(stream));
   };
@@ -108,10 +116,10 @@ PYBIND11_MODULE(_C, m) {
                      int64_t expert_stride, uintptr_t out, int64_t ldout, uintptr_t tokens_per_expert,
                      uintptr_t workspace, size_t workspace_bytes, bool zero_unowned, uintptr_t stream) {
     run(plan, count_type, x, ldx, weights, ldw, expert_stride, out, ldout, tokens_per_expert, workspace,
-        workspace_bytes, zero_unowned, stream, 0, 0, 0, 0);
+        workspace_bytes, zero_unowned, stream, 0, 0, 0, 0, false, 0.0f, 0.0f);
   });
   // run with the fused epilogue: bias (E x N, x's dtype, row stride bias_stride), row_scale (T fp32),
-  // activation (activations()).
+  // activation (activations()), gated (out is T x N/2; alpha and limit for swiglu_oai).
   m.def("run_fused", run);
   m.def("activations", [] {
     auto v = [](Activation a) { return static_cast<int>(a); };
@@ -119,7 +127,8 @@ PYBIND11_MODULE(_C, m) {
                                                     {"relu", v(Activation::kRelu)},
                                                     {"gelu_tanh", v(Activation::kGeluTanh)},
                                                     {"gelu", v(Activation::kGelu)},
-                                                    {"silu", v(Activation::kSilu)}};
+                                                    {"silu", v(Activation::kSilu)},
+                                                    {"swiglu_oai", v(Activation::kSwigluOai)}};
   });
 
   // The weight gradient (MoeWgradProblem): its checks without pointers, its workspace, the call.

@@ -23,8 +23,10 @@
 //                       out and the accumulator columns), returning kOutputsPerPair values. Rows
 //                       past the expert's last row (a partial tile) are visited too and their
 //                       values never stored: a fusion that reads per-row data must bound the row.
-// These epilogues implement kOutputsPerPair == 2 and kReadsOutput == false; the gated store (half
-// the columns) and the source read are added with the first fusion that needs them.
+// These epilogues implement kOutputsPerPair == 2 and kReadsOutput == false. The kernel's runtime
+// fused epilogue (FusedEpilogue in sm90_moe_kernel.hpp: bias, activation, row scale) works on the
+// accumulators before store(); when it is gated, it leaves each (gate, up) pair's output in the
+// pair's first value, and store() writes those alone (Params::gated, out with N/2 columns).
 #pragma once
 
 #include "sm90/sm90_tma_encode.hpp"  // first: routes every TMA encode through a checked call
@@ -81,17 +83,20 @@ class PingpongStagedEpilogue {
   struct Arguments {
     Element* ptr_out;
     int64_t ldout;
+    bool gated;  // out has N/2 columns (kernel's FusedEpilogue)
     typename Fusion::Arguments fusion;
   };
   struct Params {
     Element* out;
     int64_t ldout;
-    int n;
+    int out_cols;  // N, or N/2 when gated
+    bool gated;
     typename Fusion::Params fusion;
   };
 
   static Params to_underlying_arguments(MoeProblemShape const& problem, Arguments const& args, int /*device*/) {
-    return {args.ptr_out, args.ldout, problem.n, Fusion::to_underlying_arguments(args.fusion)};
+    return {args.ptr_out, args.ldout, args.gated ? problem.n / 2 : problem.n, args.gated,
+            Fusion::to_underlying_arguments(args.fusion)};
   }
 
   CUTLASS_DEVICE static void prefetch_tma_descriptors(Params const&) {}
@@ -105,10 +110,26 @@ class PingpongStagedEpilogue {
 
   template <class Accumulators>
   CUTLASS_DEVICE void store(MoeTile const& tile, Accumulators const& accum) {
+    if (params_.gated) {
+      store<2>(tile, accum);
+    } else {
+      store<1>(tile, accum);
+    }
+  }
+
+  CUTLASS_DEVICE void store_tail() {}
+
+ private:
+  // kPack accumulator columns per output column: 1, or 2 for a gated tile, whose (gate, up) pairs
+  // the fused epilogue has combined into their first values. Each slice covers kCols output
+  // columns, kCols * kPack accumulator columns.
+  template <int kPack, class Accumulators>
+  CUTLASS_DEVICE void store(MoeTile const& tile, Accumulators const& accum) {
     using namespace cute;
     constexpr int kThreads = cutlass::NumThreadsPerWarpGroup;
     constexpr int kVector = 16 / sizeof(Element);  // elements per 16-byte store
     constexpr int kVectorsPerRow = kCols / kVector;
+    static_assert(kTileN % (kCols * kPack) == 0);
     TiledMma tiled_mma;
     Tensor coords = tiled_mma.get_thread_slice(thread_).partition_C(make_identity_tensor(make_shape(Int<kTileM>{}, Int<kTileN>{})));
     static_assert(decltype(size(coords))::value == decltype(size(accum))::value);
@@ -116,22 +137,27 @@ class PingpongStagedEpilogue {
     Fusion fusion(params_.fusion);
     fusion.begin_tile(tile.expert);
     const int first_row = tile.row_start + tile.m_tile * kTileM;
-    const int first_col = tile.n_tile * kTileN;
+    const int first_col = tile.n_tile * kTileN;  // of the accumulators
+    const int first_out_col = first_col / kPack;
     const int rows_left = tile.rows - tile.m_tile * kTileM;
-    const int cols_left = params_.n - first_col;  // a multiple of 8: vectors are all in or all out
-    Element* out = params_.out + int64_t(first_row) * params_.ldout + first_col;
+    const int cols_left = params_.out_cols - first_out_col;  // a multiple of 8: vectors are all in or all out
+    Element* out = params_.out + int64_t(first_row) * params_.ldout + first_out_col;
 
     CUTLASS_PRAGMA_UNROLL
-    for (int slice = 0; slice < kTileN / kCols; ++slice) {
-      const int slice_col = slice * kCols;
+    for (int slice = 0; slice < kTileN / (kCols * kPack); ++slice) {
+      const int slice_col = slice * kCols;  // of out, in the tile
       cutlass::arch::NamedBarrier::sync(kThreads, consumer_);  // the previous slice has been read out
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < size(accum); i += 2) {
         const int row = get<0>(coords(i));
-        const int col = get<1>(coords(i)) - slice_col;  // coords(i + 1) is (row, col + 1)
-        if (col >= 0 && col < kCols) {
-          *reinterpret_cast<cutlass::Array<Element, 2>*>(staging_ + row * kPitch + col) =
-              fusion.visit({accum(i), accum(i + 1)}, first_row + row, first_col + slice_col + col);
+        const int col = get<1>(coords(i)) - slice_col * kPack;  // coords(i + 1) is (row, col + 1)
+        if (col >= 0 && col < kCols * kPack) {
+          if constexpr (kPack == 1) {
+            *reinterpret_cast<cutlass::Array<Element, 2>*>(staging_ + row * kPitch + col) =
+                fusion.visit({accum(i), accum(i + 1)}, first_row + row, first_col + slice_col + col);
+          } else {
+            staging_[row * kPitch + col / 2] = Element(accum(i));
+          }
         }
       }
       cutlass::arch::NamedBarrier::sync(kThreads, consumer_);
@@ -147,9 +173,6 @@ class PingpongStagedEpilogue {
     }
   }
 
-  CUTLASS_DEVICE void store_tail() {}
-
- private:
   Params const& params_;
   Element* staging_;
   int consumer_;
@@ -206,11 +229,13 @@ class CooperativeSliceStaging {
   CUTLASS_DEVICE int thread_row() const { return thread_row_; }
   CUTLASS_DEVICE int thread_col() const { return thread_col_; }
 
-  // Stages slice `slice` (tile columns [slice * kStoreCols, +kStoreCols)) of the consumer's
-  // accumulators: value(i, row, col) converts accum(i), accum(i + 1), which sit at (row, col),
-  // (row, col + 1) of the consumer's part. Then thread 0 of the consumer calls issue(sD) on the
-  // staged slice, to start its TMA store and commit it as one bulk group.
-  template <class Accumulators, class Value, class Issue>
+  // Stages slice `slice` (output columns [slice * kStoreCols, +kStoreCols)) of the consumer's
+  // accumulators. kPack == 1: value(i, row, col) converts accum(i), accum(i + 1), which sit at
+  // (row, col), (row, col + 1) of the consumer's part, to two outputs. kPack == 2 (gated): each
+  // pair is one output, value(i, row, col) returns it, and the slice covers 2 kStoreCols
+  // accumulator columns. Then thread 0 of the consumer calls issue(sD) on the staged slice, to
+  // start its TMA store and commit it as one bulk group.
+  template <int kPack = 1, class Accumulators, class Value, class Issue>
   CUTLASS_DEVICE void stage(int slice, Accumulators const& accum, Value&& value, Issue&& issue) {
     using namespace cute;
     constexpr int kThreads = cutlass::NumThreadsPerWarpGroup;
@@ -232,11 +257,21 @@ class CooperativeSliceStaging {
     CUTLASS_PRAGMA_UNROLL
     for (int i = 0; i < size(accum); i += 2) {
       const int row = get<0>(offsets(i));
-      const int col = get<1>(offsets(i)) - slice_col;  // offsets(i + 1) is (row, col + 1)
-      if (col >= 0 && col < kStoreCols) {
-        const int offset = (thread_row_ + row) * kStoreCols + (((col / kChunk) ^ swizzle) * kChunk) + chunk_col;
-        *reinterpret_cast<cutlass::Array<Element, 2>*>(buffer + offset) =
-            value(i, thread_row_ + row, slice_col + col + thread_col_);
+      const int col = get<1>(offsets(i)) - slice_col * kPack;  // offsets(i + 1) is (row, col + 1)
+      if (col >= 0 && col < kStoreCols * kPack) {
+        if constexpr (kPack == 1) {
+          const int offset = (thread_row_ + row) * kStoreCols + (((col / kChunk) ^ swizzle) * kChunk) + chunk_col;
+          *reinterpret_cast<cutlass::Array<Element, 2>*>(buffer + offset) =
+              value(i, thread_row_ + row, slice_col + col + thread_col_);
+        } else {
+          // The pair's output column is (col + thread_col_) / 2: col / 2 is a multiple of 4 (values
+          // sit at columns 8j, 8j + 1) and thread_col_ / 2 < 4, so the sum stays in col / 2's chunk.
+          static_assert(kChunk == 8, "a gated pair's column offset (< 4) stays inside its 8-element chunk");
+          const int out_col = col / 2;
+          const int offset = (thread_row_ + row) * kStoreCols + (((out_col / kChunk) ^ swizzle) * kChunk) +
+                             out_col % kChunk + thread_col_ / 2;
+          buffer[offset] = value(i, thread_row_ + row, slice_col + out_col + thread_col_ / 2);
+        }
       }
     }
     tma_store_fence();  // these shared memory writes are visible to the TMA (async proxy)
@@ -275,17 +310,21 @@ class CooperativeTmaStoreEpilogue {
   struct Arguments {
     Element* ptr_out;
     int64_t ldout;
+    bool gated;  // out has N/2 columns (kernel's FusedEpilogue)
     typename Fusion::Arguments fusion;
   };
   struct Params {
-    typename Store::Tma tma_store;
-    int n;
+    typename Store::Tma tma_store;  // out: num_tokens x out_cols
+    int out_cols;                   // N, or N/2 when gated
     int num_tokens;
+    bool gated;
     typename Fusion::Params fusion;
   };
 
   static Params to_underlying_arguments(MoeProblemShape const& problem, Arguments const& args, int device) {
-    return {Store::make(problem, args.ptr_out, args.ldout, device), problem.n, problem.num_tokens,
+    MoeProblemShape out_shape = problem;
+    out_shape.n = args.gated ? problem.n / 2 : problem.n;
+    return {Store::make(out_shape, args.ptr_out, args.ldout, device), out_shape.n, problem.num_tokens, args.gated,
             Fusion::to_underlying_arguments(args.fusion)};
   }
 
@@ -300,31 +339,49 @@ class CooperativeTmaStoreEpilogue {
   }
 
   // Stores the consumer's rows [consumer * kRows, +kRows) of `tile`, clipped to the expert's rows
-  // and to N by the ragged view, one TMA copy per slice.
+  // and to out's columns by the ragged view, one TMA copy per slice.
   template <class Accumulators>
+  CUTLASS_DEVICE void store(MoeTile const& tile, Accumulators const& accum) {
+    if (params_.gated) {
+      store<2>(tile, accum);
+    } else {
+      store<1>(tile, accum);
+    }
+  }
+
+  CUTLASS_DEVICE void store_tail() { staging_.wait_all(); }
+
+ private:
+  // kPack accumulator columns per output column: 1, or 2 for a gated tile (its (gate, up) pairs
+  // already combined into their first values by the fused epilogue).
+  template <int kPack, class Accumulators>
   CUTLASS_DEVICE void store(MoeTile const& tile, Accumulators const& accum) {
     using namespace cute;
     const int part_row = consumer_ * kRows;  // first tile row of this consumer's part
     const int rows = min(int{kRows}, tile.rows - tile.m_tile * kTileM - part_row);
     if (rows <= 0) return;  // no rows of the expert in this part (and no box wholly outside the view)
     const int row_start = tile.row_start + tile.m_tile * kTileM + part_row;
-    const int first_col = tile.n_tile * kTileN;
-    const int cols_left = params_.n - first_col;
+    const int first_col = tile.n_tile * kTileN / kPack;  // of out
+    const int cols_left = params_.out_cols - first_col;
     // The box at (kRows - rows, col, row_start + rows) of the ragged view holds out[row_start, +rows)
     // in its first rows; its other rows are outside the view, and TMA does not write them.
-    Tensor mD = params_.tma_store.get_tma_tensor(make_shape(int{kRows}, params_.n, params_.num_tokens + 1));
+    Tensor mD = params_.tma_store.get_tma_tensor(make_shape(int{kRows}, params_.out_cols, params_.num_tokens + 1));
     Tensor gD = domain_offset(make_coord(kRows - rows, first_col, row_start + rows), mD)(_, _, 0);
     auto tma_store = params_.tma_store.get_slice(Int<0>{});
 
     Fusion fusion(params_.fusion);
     fusion.begin_tile(tile.expert);
     CUTLASS_PRAGMA_UNROLL
-    for (int slice = 0; slice < Staging::kSlices; ++slice) {
+    for (int slice = 0; slice < Staging::kSlices / kPack; ++slice) {
       if (slice * kStoreCols >= cols_left) break;  // the same for the whole consumer
-      staging_.stage(
+      staging_.template stage<kPack>(
           slice, accum,
           [&](int i, int row, int col) {
-            return fusion.visit({accum(i), accum(i + 1)}, row_start + row, first_col + col);
+            if constexpr (kPack == 1) {
+              return fusion.visit({accum(i), accum(i + 1)}, row_start + row, first_col + col);
+            } else {
+              return Element(accum(i));
+            }
           },
           [&](auto const& sD) {
             Tensor gD_slice = local_tile(gD, Shape<Int<kRows>, Int<kStoreCols>>{}, make_coord(0, slice));
@@ -333,9 +390,6 @@ class CooperativeTmaStoreEpilogue {
     }
   }
 
-  CUTLASS_DEVICE void store_tail() { staging_.wait_all(); }
-
- private:
   Params const& params_;
   Staging staging_;
   int consumer_;

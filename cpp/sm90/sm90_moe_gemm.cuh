@@ -38,8 +38,10 @@ void MoeGemmInstance<kDType, kLayout, kConfig>::run(const MoeGemmProblem& p, voi
   args.expert_stride = p.expert_stride;
   args.epilogue.ptr_out = static_cast<Element*>(p.out);
   args.epilogue.ldout = p.ldout;
+  args.epilogue.gated = p.gated;
   args.fused = {static_cast<Element const*>(p.bias), p.bias_stride, p.row_scale, static_cast<int>(p.activation),
-                static_cast<int>(p.num_tokens), static_cast<int>(p.n), has_fused_epilogue(p)};
+                static_cast<int>(p.num_tokens), static_cast<int>(p.n), has_fused_epilogue(p), p.gated,
+                p.alpha, p.limit};
   args.tokens_per_expert = p.tokens_per_expert;
   args.counts_are_int64 = p.count_type == IndexType::kInt64;
   // One CTA per SM: the kernel takes all of shared memory (checked below).

@@ -29,6 +29,7 @@
 #include <cutlass/kernel_hardware_info.h>
 #include <cutlass/pipeline/pipeline.hpp>
 
+#include "activations.hpp"
 #include "moe_tile_scheduler.hpp"
 #include "sm90/sm90_common.cuh"
 #include "sm90/sm90_moe_descriptors.hpp"
@@ -36,11 +37,12 @@
 
 namespace cutlass_moe::sm90 {
 
-// The fused epilogue, out = row_scale[row] * act(acc + bias[e][col]), applied to a tile's
-// accumulators before the epilogue stores them. A launch without it pays one uniform branch per
-// tile: the per-element work sits in its own unrolled loops, one per activation (a fragment indexed
-// at run time would live in local memory), never in the epilogue's store loops (a per-element
-// switch there once made every call 1.36x slower, benchmarks/NOTES.md).
+// The fused epilogue, out = row_scale[row] * act(acc + bias[e][col]) (gated: act(gate + bias) *
+// (up + bias) from the accumulator pair (gate, up), into the pair's first value), applied to a
+// tile's accumulators before the epilogue stores them. A launch without it pays one uniform branch
+// per tile: the per-element work sits in its own unrolled loops, one per activation (a fragment
+// indexed at run time would live in local memory), never in the epilogue's store loops (a
+// per-element switch there once made every call 1.36x slower, benchmarks/NOTES.md).
 template <class Element>
 struct FusedEpilogue {
   const Element* bias;  // E x N, row stride bias_stride; null: none
@@ -49,7 +51,10 @@ struct FusedEpilogue {
   int activation;          // Activation
   int num_tokens;
   int n;
-  bool enabled;  // any of the three
+  bool enabled;  // any part, gated included
+  bool gated;    // columns (2j, 2j + 1) are (gate, up): the epilogue stores N/2 columns
+  float alpha;   // Activation::kSwigluOai
+  float limit;
 
   // accum: a thread's fragment of the tile whose first row of out is `first_row` and first column
   // `first_col`; coords: the fragment's (row, column) in the tile. Rows and columns past T and N
@@ -67,27 +72,15 @@ struct FusedEpilogue {
       }
     }
     switch (static_cast<Activation>(activation)) {
-      case Activation::kRelu:
+      case Activation::kRelu: activate<Activation::kRelu>(accum); break;
+      case Activation::kGeluTanh: activate<Activation::kGeluTanh>(accum); break;
+      case Activation::kGelu: activate<Activation::kGelu>(accum); break;
+      case Activation::kSilu: activate<Activation::kSilu>(accum); break;
+      case Activation::kSwigluOai:  // gated only (checked on the host)
         CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < size(accum); ++i) accum(i) = fmaxf(accum(i), 0.0f);
+        for (int i = 0; i < size(accum); i += 2) accum(i) = swiglu_oai(accum(i), accum(i + 1), alpha, limit);
         break;
-      case Activation::kGeluTanh:
-        CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < size(accum); ++i) {
-          const float v = accum(i);
-          accum(i) = 0.5f * v * (1.0f + tanhf(0.7978845608f * (v + 0.044715f * v * v * v)));
-        }
-        break;
-      case Activation::kGelu:
-        CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < size(accum); ++i) accum(i) = 0.5f * accum(i) * (1.0f + erff(accum(i) * 0.7071067812f));
-        break;
-      case Activation::kSilu:
-        CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < size(accum); ++i) accum(i) = accum(i) / (1.0f + __expf(-accum(i)));
-        break;
-      default:
-        break;
+      default: activate<Activation::kNone>(accum); break;
     }
     if (row_scale != nullptr) {
       CUTLASS_PRAGMA_UNROLL
@@ -95,6 +88,20 @@ struct FusedEpilogue {
         const int row = first_row + get<0>(coords(i));
         accum(i) *= row < num_tokens ? row_scale[row] : 0.0f;
       }
+    }
+  }
+
+ private:
+  // act on every value, or (gated) act(gate) * up on every (gate, up) pair. The accumulator pairs
+  // are (i, i + 1), i even: two adjacent columns, the first even.
+  template <Activation kActivation, class Accumulators>
+  CUTLASS_DEVICE void activate(Accumulators& accum) const {
+    if (gated) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < cute::size(accum); i += 2) accum(i) = cutlass_moe::activate<kActivation>(accum(i)) * accum(i + 1);
+    } else if constexpr (kActivation != Activation::kNone) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < cute::size(accum); ++i) accum(i) = cutlass_moe::activate<kActivation>(accum(i));
     }
   }
 };

@@ -50,8 +50,11 @@ enum class Activation : int {
   kGeluTanh = 2,  // 0.5 v (1 + tanh(sqrt(2 / pi) (v + 0.044715 v^3)))
   kGelu = 3,      // 0.5 v (1 + erf(v / sqrt(2)))
   kSilu = 4,      // v / (1 + exp(-v))
+  // gpt-oss's gated form (MoeGemmProblem::gated only): g = min(gate, limit), u = clamp(up, -limit,
+  // limit), out = (u + 1) * g / (1 + exp(-alpha g)).
+  kSwigluOai = 5,
 };
-constexpr int kNumActivations = 5;
+constexpr int kNumActivations = 6;
 
 // Memory layout of one expert's weight matrix, which is logically K x N.
 enum class WeightLayout : int {
@@ -124,7 +127,7 @@ struct MoeGemmProblem {
   int64_t ldw = 0;                // stride between rows (kKN) or columns (kNK) of one expert
   int64_t expert_stride = 0;      // stride between experts
 
-  void* out = nullptr;  // T x N, row-major, leading dimension ldout
+  void* out = nullptr;  // T x out_columns (N, or N/2 when gated), row-major, leading dimension ldout
   int64_t ldout = 0;
 
   const void* tokens_per_expert = nullptr;  // E counts on the device, count_type
@@ -135,12 +138,23 @@ struct MoeGemmProblem {
   int64_t bias_stride = 0;
   const float* row_scale = nullptr;   // T fp32 factors; null: none
   Activation activation = Activation::kNone;
+
+  // Gated (a fused gate/up projection): the weights hold gate and up interleaved column by column,
+  // gate_j at column 2j and up_j at 2j + 1 (the bias likewise), and out is T x N/2:
+  //   out[row][j] = row_scale[row] * act(gate_j + bias[e][2j]) * (up_j + bias[e][2j + 1]),
+  // with kSwigluOai's clamp, alpha and +1 (alpha, limit). N must be a multiple of 16.
+  bool gated = false;
+  float alpha = 1.702f;
+  float limit = 7.0f;
 };
 
 // Whether `problem` asks for any part of the fused epilogue.
 inline bool has_fused_epilogue(const MoeGemmProblem& p) {
-  return p.bias != nullptr || p.row_scale != nullptr || p.activation != Activation::kNone;
+  return p.bias != nullptr || p.row_scale != nullptr || p.activation != Activation::kNone || p.gated;
 }
+
+// The columns of out: N, or N/2 when gated.
+inline int64_t out_columns(const MoeGemmProblem& p) { return p.gated ? p.n / 2 : p.n; }
 
 // Checks the enums, sizes and strides the kernels need (16-byte multiples for TMA and so on), not
 // the pointers: what a shape-only caller (a workspace query, a torch fake tensor) can be checked

@@ -2,6 +2,7 @@
 
     y = cutlass_moe.moe_gemm(x, weights, tokens_per_expert)         # differentiable in x and weights
     dw = cutlass_moe.moe_gemm_wgrad(x, dy, tokens_per_expert)       # the weight gradient on its own
+    h = cutlass_moe.moe_gemm_gated(x, gate_up, tokens_per_expert)   # silu(x @ Wg) * (x @ Wu), fused
 
 See :func:`moe_gemm` for shapes and semantics, ``python -m cutlass_moe.bench`` for the benchmark.
 """
@@ -11,12 +12,13 @@ from typing import Dict, List
 
 from . import _C
 from .compat import gmm, grouped_mm
+from .fused import interleave_gate_up, moe_gemm_gated
 from .ops import MAX_TOKENS, moe_gemm, moe_gemm_wgrad, select_config
 from .reference import expert_row_ranges, moe_gemm_reference, moe_gemm_wgrad_reference
 
 __version__ = "0.1.0"
 
-__all__ = ["moe_gemm", "moe_gemm_wgrad", "gmm", "grouped_mm", "moe_gemm_reference", "moe_gemm_wgrad_reference",
+__all__ = ["moe_gemm", "moe_gemm_wgrad", "moe_gemm_gated", "interleave_gate_up", "gmm", "grouped_mm", "moe_gemm_reference", "moe_gemm_wgrad_reference",
            "expert_row_ranges", "select_config", "built_configs", "build_info", "MAX_TOKENS"]
 
 

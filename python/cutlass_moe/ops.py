@@ -14,7 +14,7 @@ from typing import Optional, Tuple
 import torch
 
 from . import _C
-from .reference import ACTIVATIONS, moe_gemm_reference, moe_gemm_wgrad_reference
+from .reference import moe_gemm_reference, moe_gemm_wgrad_reference
 
 # Enum values and limits of the C++ API (include/cutlass_moe/cutlass_moe.h), read from the build.
 _DTYPES = {torch.float16: _C.dtypes()["fp16"], torch.bfloat16: _C.dtypes()["bf16"]}
@@ -25,7 +25,7 @@ _CONFIGS = dict(_C.config_names())  # name -> value, "auto" -> -1
 _BACKENDS = dict(_C.backend_names())  # "auto", "grouped", "moe", ... -> value
 _BACKEND_NAMES = {value: name for name, value in _BACKENDS.items()}
 _CONFIG_NAMES = {value: name for name, value in _CONFIGS.items()}
-_ACTIVATION_IDS = dict(_C.activations())  # "none", "relu", "gelu_tanh", "gelu", "silu" -> value
+_ACTIVATION_IDS = dict(_C.activations())  # "none", "relu", "gelu_tanh", "gelu", "silu", "swiglu_oai" -> value
 MAX_TOKENS = _C.MAX_TOKENS  # rows of x and out the kernels take (2^31 - 1024)
 # The CPU path is the float32 reference: it also takes float32 and float64 (torch.autograd.gradcheck).
 _CPU_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -164,22 +164,26 @@ def _check_moe_gemm(x, weights, tokens_per_expert, trans_b, out, backend, config
         raise ValueError(f"weights: on {weights.device}, expected x's device {x.device}")
     _check_counts(tokens_per_expert, num_experts, x.device)
     if out is not None:
-        _check_tensor("out", out, 2)
-        if out.dtype != x.dtype:
-            raise TypeError(f"out: dtype {out.dtype} does not match x's {x.dtype}")
-        if tuple(out.shape) != (num_tokens, n):
-            raise ValueError(f"out: expected shape {(num_tokens, n)}, got {tuple(out.shape)}")
-        if out.device != x.device:
-            raise ValueError(f"out: on {out.device}, expected x's device {x.device}")
+        _check_out(out, x, (num_tokens, n))
     if x.device.type not in ("cpu", "cuda", "meta"):
         raise ValueError(f"x: expected a CUDA or CPU tensor, got device {x.device}")
     return num_tokens, k, num_experts, n
 
 
+def _check_out(out, x, shape: Tuple[int, int]) -> None:
+    _check_tensor("out", out, 2)
+    if out.dtype != x.dtype:
+        raise TypeError(f"out: dtype {out.dtype} does not match x's {x.dtype}")
+    if tuple(out.shape) != shape:
+        raise ValueError(f"out: expected shape {shape}, got {tuple(out.shape)}")
+    if out.device != x.device:
+        raise ValueError(f"out: on {out.device}, expected x's device {x.device}")
+
+
 def _moe_gemm_impl(x, weights, tokens_per_expert, trans_b, out, backend, config, fused=None) -> torch.Tensor:
     """Runs the op on checked arguments. A new output (out=None) is fully defined: the rows no
-    expert owns are zeros. A given out keeps those rows as they were. fused: (bias, activation
-    id, row_scale) for the sm90 moe family's fused epilogue, or None."""
+    expert owns are zeros. A given out keeps those rows as they were. fused: the sm90 moe family's
+    fused epilogue (fused.FusedArgs; a gated one writes N/2 columns), or None."""
     num_tokens, k = x.shape
     num_experts = weights.shape[0]
     n = weights.shape[1] if trans_b else weights.shape[2]
@@ -202,8 +206,9 @@ def _moe_gemm_impl(x, weights, tokens_per_expert, trans_b, out, backend, config,
     dtype = _DTYPES[x.dtype]
     plan = _plan(dtype, layout, num_tokens, num_experts, n, k, _BACKENDS[backend], _CONFIGS[config], device)
     new_output = out is None
+    out_cols = n // 2 if fused is not None and fused.gated else n
     if new_output:
-        out = torch.empty(num_tokens, n, dtype=x.dtype, device=x.device)
+        out = torch.empty(num_tokens, out_cols, dtype=x.dtype, device=x.device)
     if num_tokens == 0 or n == 0:
         return out
     counts = tokens_per_expert
@@ -218,15 +223,15 @@ def _moe_gemm_impl(x, weights, tokens_per_expert, trans_b, out, backend, config,
     workspace = _new_workspace(ws_bytes, x.device) if ws_bytes else None
     args = (plan, _COUNT_TYPES[counts.dtype], x.data_ptr(), x.stride(0) if num_tokens > 1 else k,
             weights.data_ptr(), ldw, weights.stride(0) if num_experts > 1 else 0,
-            out.data_ptr(), out.stride(0) if num_tokens > 1 else n, counts.data_ptr(),
+            out.data_ptr(), out.stride(0) if num_tokens > 1 else out_cols, counts.data_ptr(),
             workspace.data_ptr() if ws_bytes else 0, ws_bytes, zero_tail, _stream(device))
     if fused is None:
         _on_device(device, _C.run, *args)
     else:
-        bias, activation, row_scale = fused
+        bias, row_scale = fused.bias, fused.row_scale
         _on_device(device, _C.run_fused, *args, bias.data_ptr() if bias is not None else 0,
                    bias.stride(0) if bias is not None else 0, row_scale.data_ptr() if row_scale is not None else 0,
-                   activation)
+                   _ACTIVATION_IDS[fused.activation], fused.gated, fused.alpha, fused.limit)
     return out
 
 
@@ -300,60 +305,6 @@ def _traced(*tensors) -> bool:
 
 def _records_graph(*tensors) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
-
-
-# ---- fused epilogue ------------------------------------------------------------------------------
-
-def _check_fused(x, bias, activation, row_scale, num_experts: int, n: int) -> None:
-    if activation is not None and activation not in ACTIVATIONS:
-        raise ValueError(f"activation: expected None or one of {sorted(ACTIVATIONS)}, got {activation!r}")
-    if bias is not None:
-        _check_tensor("bias", bias, 2)
-        if tuple(bias.shape) != (num_experts, n):
-            raise ValueError(f"bias: expected shape {(num_experts, n)} (E, N), got {tuple(bias.shape)}")
-        if bias.dtype != x.dtype:
-            raise TypeError(f"bias: dtype {bias.dtype} does not match x's {x.dtype}")
-        if bias.device != x.device:
-            raise ValueError(f"bias: on {bias.device}, expected x's device {x.device}")
-        if n > 1 and bias.stride(1) != 1:
-            raise ValueError(f"bias: the last dimension must be contiguous, got strides {tuple(bias.stride())}")
-    if row_scale is not None:
-        _check_tensor("row_scale", row_scale, 1)
-        if row_scale.shape[0] != x.shape[0]:
-            raise ValueError(f"row_scale: expected {x.shape[0]} entries (one per row of x), got {row_scale.shape[0]}")
-        # float64 too on the CPU reference path with float64 x (torch.autograd.gradcheck)
-        if row_scale.dtype != torch.float32 and not (x.device.type == "cpu" and row_scale.dtype == x.dtype):
-            raise TypeError(f"row_scale: expected dtype torch.float32, got {row_scale.dtype}")
-        if row_scale.device != x.device:
-            raise ValueError(f"row_scale: on {row_scale.device}, expected x's device {x.device}")
-        if x.shape[0] > 1 and row_scale.stride(0) != 1:
-            raise ValueError(f"row_scale: must be contiguous, got stride {row_scale.stride(0)}")
-
-
-def _row_experts(tokens_per_expert: torch.Tensor, num_tokens: int, device) -> torch.Tensor:
-    """Each row's expert by the kernels' clamp rule (counts clamped to [0, T], ends capped at T),
-    computed on `device` without a host synchronization; rows no expert owns get E."""
-    counts = tokens_per_expert.to(device, torch.int64).clamp(0, num_tokens)
-    ends = torch.cumsum(counts, 0).clamp(max=num_tokens)
-    return torch.searchsorted(ends, torch.arange(num_tokens, device=device), right=True)
-
-
-def _apply_epilogue(y: torch.Tensor, tokens_per_expert: torch.Tensor, bias, activation, row_scale) -> torch.Tensor:
-    """The fused epilogue in torch operations, on moe_gemm's output (differentiable, traceable, no
-    host synchronization): what the fused kernel computes, with y rounded to its dtype first."""
-    num_tokens = y.shape[0]
-    compute = torch.float64 if y.dtype == torch.float64 else torch.float32
-    h = y.to(compute)
-    if bias is not None:
-        # Rows no expert owns (expert E) get the appended zero row.
-        expert = _row_experts(tokens_per_expert, num_tokens, y.device)
-        # The gather in the compute dtype: its backward sums each expert's rows in it, not in bf16.
-        bias_rows = bias.to(compute)
-        h = h + torch.cat([bias_rows, bias_rows.new_zeros(1, bias.shape[1])])[expert]
-    h = ACTIVATIONS[activation or "none"](h)
-    if row_scale is not None:
-        h = h * row_scale[:, None]
-    return h.to(y.dtype)
 
 
 def moe_gemm(
@@ -431,40 +382,15 @@ def moe_gemm(
     """
     _check_moe_gemm(x, weights, tokens_per_expert, trans_b, out, backend, config)
     if bias is not None or activation not in (None, "none") or row_scale is not None:
-        return _moe_gemm_fused(x, weights, tokens_per_expert, trans_b, out, backend, config, bias, activation,
-                               row_scale)
+        from .fused import FusedArgs, moe_gemm_fused  # fused.py builds on this module
+        return moe_gemm_fused(x, weights, tokens_per_expert, trans_b, out, backend, config,
+                              FusedArgs(bias, activation or "none", row_scale))
     if out is None:
         if _traced(x, weights):
             return _moe_gemm_op(x, weights, tokens_per_expert, trans_b, backend, config)
         if _records_graph(x, weights):
             return _MoeGemmFunction.apply(x, weights, tokens_per_expert, trans_b, backend, config)
     return _moe_gemm_impl(x, weights, tokens_per_expert, trans_b, out, backend, config)
-
-
-def _moe_gemm_fused(x, weights, tokens_per_expert, trans_b, out, backend, config, bias, activation, row_scale):
-    """moe_gemm with a fused epilogue: in the sm90 moe kernel when nothing needs a gradient or a
-    trace and the plan resolves to that family; otherwise the GEMM, then _apply_epilogue."""
-    num_tokens, k = x.shape
-    num_experts = weights.shape[0]
-    n = weights.shape[1] if trans_b else weights.shape[2]
-    _check_fused(x, bias, activation, row_scale, num_experts, n)
-    if out is not None and _records_graph(x, weights, bias, row_scale):
-        raise RuntimeError("out: a call with out= is not differentiable; drop out= or run under torch.no_grad()")
-    if (x.device.type == "cuda" and k > 0 and num_experts > 0 and n > 0 and num_tokens > 0
-            and not _traced(x, weights) and not _records_graph(x, weights, bias, row_scale)):
-        layout = _weight_layout(weights, trans_b)[0]
-        plan = _plan(_DTYPES[x.dtype], layout, num_tokens, num_experts, n, k, _BACKENDS[backend], _CONFIGS[config],
-                     x.device.index)
-        if plan.backend == "moe":
-            fused = (bias, _ACTIVATION_IDS[activation or "none"], row_scale)
-            return _moe_gemm_impl(x, weights, tokens_per_expert, trans_b, out, backend, config, fused)
-    y = moe_gemm(x, weights, tokens_per_expert, trans_b=trans_b, backend=backend, config=config)
-    y = _apply_epilogue(y, tokens_per_expert, bias, activation, row_scale)
-    if out is None:
-        return y
-    # Rows no expert owns keep out's values, as in the unfused call.
-    owned = _row_experts(tokens_per_expert, num_tokens, x.device) < num_experts
-    return out.copy_(torch.where(owned[:, None], y, out))
 
 
 # ---- weight gradient ---------------------------------------------------------------------------

@@ -46,6 +46,17 @@ ACTIVATIONS = {
     "gelu": torch.nn.functional.gelu,
     "silu": torch.nn.functional.silu,
 }
+GATED_ACTIVATIONS = (*ACTIVATIONS, "swiglu_oai")  # moe_gemm_gated's: act(gate) * up, or gpt-oss's form
+
+
+def gated_activation(gate: torch.Tensor, up: torch.Tensor, activation: Optional[str] = "silu",
+                     alpha: float = 1.702, limit: float = 7.0) -> torch.Tensor:
+    """``act(gate) * up``; ``"swiglu_oai"`` is gpt-oss's form, with gate clamped above at limit and
+    up clamped to [-limit, limit]: ``(up + 1) * gate * sigmoid(alpha * gate)``."""
+    if activation == "swiglu_oai":
+        g = gate.clamp(max=limit)
+        return (up.clamp(-limit, limit) + 1) * g * torch.sigmoid(alpha * g)
+    return ACTIVATIONS[activation or "none"](gate) * up
 
 
 def moe_gemm_reference(
@@ -58,9 +69,14 @@ def moe_gemm_reference(
     bias: Optional[torch.Tensor] = None,
     activation: Optional[str] = None,
     row_scale: Optional[torch.Tensor] = None,
+    gated: bool = False,
+    alpha: float = 1.702,
+    limit: float = 7.0,
 ) -> torch.Tensor:
     """``out[rows_e] = row_scale[rows_e] * act(x[rows_e] @ W_e + bias[e])`` for every expert, in
     float32 (float64 for float64 x); without bias, activation and row_scale, ``x[rows_e] @ W_e``.
+    ``gated``: columns 2j and 2j + 1 of ``x @ W_e + bias[e]`` are gate and up, and output column j
+    is ``gated_activation(gate, up, activation, alpha, limit)`` (N/2 columns).
 
     Returns a float32 (T, N) tensor unless ``out`` is given, in which case the result is cast to
     out's dtype and written into it. Rows no expert owns are zero in a new result and left
@@ -69,15 +85,19 @@ def moe_gemm_reference(
     num_tokens = x.shape[0]
     n = weights.shape[1] if trans_b else weights.shape[2]
     acc = _compute_dtype(x)
-    act = ACTIVATIONS[activation or "none"]
-    result = out if out is not None else torch.zeros(num_tokens, n, dtype=acc, device=x.device)
+    act = ACTIVATIONS[activation or "none"] if not gated else None
+    out_cols = n // 2 if gated else n
+    result = out if out is not None else torch.zeros(num_tokens, out_cols, dtype=acc, device=x.device)
     for expert, (start, stop) in enumerate(expert_row_ranges(tokens_per_expert, num_tokens)):
         if stop > start:
             w = weight_matrix(weights, expert, trans_b).to(acc)
             rows = x[start:stop].to(acc) @ w
             if bias is not None:
                 rows = rows + bias[expert].to(acc)
-            rows = act(rows)
+            if gated:
+                rows = gated_activation(rows[:, 0::2], rows[:, 1::2], activation, alpha, limit)
+            else:
+                rows = act(rows)
             if row_scale is not None:
                 rows = rows * row_scale[start:stop, None].to(acc)
             result[start:stop] = rows.to(result.dtype)

@@ -291,8 +291,11 @@ void check_problem(const MoeGemmProblem& p) {
                         "activation: swiglu_oai is a gated activation (moe_gemm_gated)");
   CUTLASS_MOE_CHECK_ARG(!p.gated || (p.limit > 0.0f && p.alpha == p.alpha),
                         "limit: expected a positive clamp limit, got " << p.limit);
-  CUTLASS_MOE_CHECK_ARG(p.bias == nullptr || p.bias_stride >= p.n,
-                        "bias: row stride of " << p.bias_stride << " elements must be >= N = " << p.n);
+  CUTLASS_MOE_CHECK_ARG(p.bias == nullptr || (p.bias_stride >= p.n && p.bias_stride % 2 == 0),
+                        "bias: row stride of " << p.bias_stride << " elements must be even and >= N = " << p.n);
+  CUTLASS_MOE_CHECK_ARG(reinterpret_cast<uintptr_t>(p.bias) % 4 == 0,
+                        "bias: data pointer must be 4-byte aligned (pairs of columns are read together), got "
+                            << address(p.bias));
   if (is_empty(p)) return;
   CUTLASS_MOE_CHECK_ARG(p.tokens_per_expert != nullptr, "tokens_per_expert: null data pointer");
   CUTLASS_MOE_CHECK_ARG(p.out != nullptr && aligned16(p.out),

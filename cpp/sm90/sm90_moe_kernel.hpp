@@ -43,9 +43,16 @@ namespace cutlass_moe::sm90 {
 // per tile: the per-element work sits in its own unrolled loops, one per activation (a fragment
 // indexed at run time would live in local memory), never in the epilogue's store loops (a
 // per-element switch there once made every call 1.36x slower, benchmarks/NOTES.md).
+//
+// Its per-row and per-column reads are unconditional (indices clamped into the tensors; the rows
+// and columns past T and N belong to a partial tile and are never stored), so that the repeats in
+// the unrolled loops (a thread's 128 values share 2 rows and 32 column pairs) have the same address
+// in one basic block and fold into one load each: conditional loads did not fold, and their
+// per-value loads cost ~7% of a prefill GEMM. The row scales are loaded before the tile's mainloop
+// (load), hiding their latency; the bias after it (32 more registers across the mainloop spill).
 template <class Element>
 struct FusedEpilogue {
-  const Element* bias;  // E x N, row stride bias_stride; null: none
+  const Element* bias;  // E x N, row stride bias_stride (even, 4-byte aligned); null: none
   int64_t bias_stride;
   const float* row_scale;  // T factors; null: none
   int activation;          // Activation
@@ -56,19 +63,41 @@ struct FusedEpilogue {
   float alpha;   // Activation::kSwigluOai
   float limit;
 
-  // accum: a thread's fragment of the tile whose first row of out is `first_row` and first column
-  // `first_col`; coords: the fragment's (row, column) in the tile. Rows and columns past T and N
-  // (a partial tile, never stored) skip their per-row and per-column reads.
-  template <class Accumulators, class Coords>
-  CUTLASS_DEVICE void apply(Accumulators& accum, Coords const& coords, int expert, int first_row,
+  template <int kPairs>
+  struct Operands {
+    float scale[kPairs];  // of each accumulator pair's row
+  };
+
+  // coords: the thread's fragment coordinates (row, column) in the tile whose first row of out is
+  // `first_row`.
+  template <int kPairs, class Coords>
+  CUTLASS_DEVICE Operands<kPairs> load(Coords const& coords, int first_row) const {
+    using namespace cute;
+    Operands<kPairs> operands;
+    if (row_scale != nullptr) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int p = 0; p < kPairs; ++p) {
+        operands.scale[p] = row_scale[min(first_row + int(get<0>(coords(2 * p))), num_tokens - 1)];
+      }
+    }
+    return operands;
+  }
+
+  // accum: the thread's fragment, of 2 kPairs values in (even column, odd column) pairs, the tile's
+  // expert `expert`, its first column `first_col`.
+  template <class Accumulators, class Coords, int kPairs>
+  CUTLASS_DEVICE void apply(Accumulators& accum, Coords const& coords, Operands<kPairs> const& operands, int expert,
                             int first_col) const {
     using namespace cute;
+    static_assert(decltype(size(accum))::value == 2 * kPairs);
     if (bias != nullptr) {
       const Element* bias_row = bias + int64_t(expert) * bias_stride;
       CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < size(accum); ++i) {
-        const int col = first_col + get<1>(coords(i));
-        if (col < n) accum(i) += float(bias_row[col]);
+      for (int p = 0; p < kPairs; ++p) {
+        const int col = min(first_col + int(get<1>(coords(2 * p))), n - 2);  // even: a 4-byte pair
+        const auto pair = *reinterpret_cast<cutlass::Array<Element, 2> const*>(bias_row + col);
+        accum(2 * p) += float(pair[0]);
+        accum(2 * p + 1) += float(pair[1]);
       }
     }
     switch (static_cast<Activation>(activation)) {
@@ -78,15 +107,15 @@ struct FusedEpilogue {
       case Activation::kSilu: activate<Activation::kSilu>(accum); break;
       case Activation::kSwigluOai:  // gated only (checked on the host)
         CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < size(accum); i += 2) accum(i) = swiglu_oai(accum(i), accum(i + 1), alpha, limit);
+        for (int i = 0; i < cute::size(accum); i += 2) accum(i) = swiglu_oai(accum(i), accum(i + 1), alpha, limit);
         break;
       default: activate<Activation::kNone>(accum); break;
     }
     if (row_scale != nullptr) {
       CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < size(accum); ++i) {
-        const int row = first_row + get<0>(coords(i));
-        accum(i) *= row < num_tokens ? row_scale[row] : 0.0f;
+      for (int p = 0; p < kPairs; ++p) {
+        accum(2 * p) *= operands.scale[p];
+        accum(2 * p + 1) *= operands.scale[p];
       }
     }
   }
@@ -234,15 +263,24 @@ class MoeGemmKernel {
   CUTLASS_DEVICE void operator()(Params const& params, char* smem);
 
  private:
-  // The fused epilogue on a tile's accumulators; mma_thread: the thread's index in its tiled MMA.
-  template <class Accumulators>
-  CUTLASS_DEVICE static void fuse(FusedEpilogue<Element> const& fused, Accumulators& accum, MoeTile const& tile,
-                                  int mma_thread) {
+  using Fused = FusedEpilogue<Element>;
+  static constexpr int kPairs = decltype(cute::size(cute::partition_fragment_C(
+      TiledMma{}, cute::take<0, 2>(TileShape{}))))::value / 2;  // accumulator pairs per thread
+  using FusedOperands = typename Fused::template Operands<kPairs>;
+
+  // The thread's fragment coordinates in a tile; mma_thread: its index in its tiled MMA.
+  CUTLASS_DEVICE static auto fragment_coords(int mma_thread) {
     using namespace cute;
-    TiledMma tiled_mma;
-    Tensor coords = tiled_mma.get_thread_slice(mma_thread).partition_C(
+    return TiledMma{}.get_thread_slice(mma_thread).partition_C(
         make_identity_tensor(make_shape(Int<kTileM>{}, Int<kTileN>{})));
-    fused.apply(accum, coords, tile.expert, tile.row_start + tile.m_tile * kTileM, tile.n_tile * kTileN);
+  }
+  CUTLASS_DEVICE static FusedOperands load_fused(Fused const& fused, MoeTile const& tile, int mma_thread) {
+    return fused.template load<kPairs>(fragment_coords(mma_thread), tile.row_start + tile.m_tile * kTileM);
+  }
+  template <class Accumulators>
+  CUTLASS_DEVICE static void apply_fused(Fused const& fused, Accumulators& accum, FusedOperands const& operands,
+                                         MoeTile const& tile, int mma_thread) {
+    fused.apply(accum, fragment_coords(mma_thread), operands, tile.expert, tile.n_tile * kTileN);
   }
 };
 
@@ -325,12 +363,14 @@ CUTLASS_DEVICE void MoeGemmKernel<Element, LayoutB, Config, Fusion>::operator()(
         MoeTile tile = scheduler.tile(index);
         if (!tile.valid) break;
         Tensor accum = partition_fragment_C(tiled_mma, take<0, 2>(TileShape{}));
+        FusedOperands fused;
+        if (params.fused.enabled) fused = load_fused(params.fused, tile, group_thread);
         math_order.wait();
         mainloop.mma(pipeline, read_state, accum, k_tiles, group_thread, storage.tensors, params.mainloop);
         math_order.arrive();
         mainloop.mma_tail(pipeline, read_state, k_tiles);
         read_state.advance(k_tiles * kConsumers);
-        if (params.fused.enabled) fuse(params.fused, accum, tile, group_thread);
+        if (params.fused.enabled) apply_fused(params.fused, accum, fused, tile, group_thread);
         epilogue.store(tile, accum);
       }
       epilogue.store_tail();
@@ -341,10 +381,12 @@ CUTLASS_DEVICE void MoeGemmKernel<Element, LayoutB, Config, Fusion>::operator()(
         MoeTile tile = scheduler.tile(index);
         if (!tile.valid) break;
         Tensor accum = partition_fragment_C(tiled_mma, take<0, 2>(TileShape{}));
+        FusedOperands fused;
+        if (params.fused.enabled) fused = load_fused(params.fused, tile, mma_thread);
         mainloop.mma(pipeline, read_state, accum, k_tiles, mma_thread, storage.tensors, params.mainloop);
         mainloop.mma_tail(pipeline, read_state, k_tiles);
         read_state.advance(k_tiles);
-        if (params.fused.enabled) fuse(params.fused, accum, tile, mma_thread);
+        if (params.fused.enabled) apply_fused(params.fused, accum, fused, tile, mma_thread);
         epilogue.store(tile, accum);
       }
       epilogue.store_tail();

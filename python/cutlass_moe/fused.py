@@ -113,7 +113,10 @@ def _apply_epilogue(y: torch.Tensor, tokens_per_expert: torch.Tensor, fused: Fus
     if fused.bias is not None:
         h = h + _ExpertBias.apply(fused.bias, tokens_per_expert, num_tokens, compute)
     if fused.gated:
-        h = gated_activation(h[:, 0::2], h[:, 1::2], fused.activation, fused.alpha, fused.limit)
+        # unbind, not h[:, 0::2] and h[:, 1::2]: its backward is one stack, where the two strided
+        # slices' would each zero-fill a (T, N) gradient and copy into it.
+        gate, up = h.unflatten(1, (-1, 2)).unbind(-1)
+        h = gated_activation(gate, up, fused.activation, fused.alpha, fused.limit)
     else:
         h = ACTIVATIONS[fused.activation](h)
     if fused.row_scale is not None:
@@ -122,12 +125,16 @@ def _apply_epilogue(y: torch.Tensor, tokens_per_expert: torch.Tensor, fused: Fus
 
 
 def _runs_fused_kernel(x, weights, trans_b, backend, config, fused: FusedArgs) -> bool:
-    """Whether the fused kernel takes the call: the plan resolves to the sm90 moe family, and a
-    gated N is a multiple of 16 (N/2 output columns in 16-byte vectors)."""
+    """Whether the fused kernel takes the call: the plan resolves to the sm90 moe family, a gated N
+    is a multiple of 16 (N/2 output columns in 16-byte vectors), and the bias can be read in
+    column pairs (4-byte aligned rows)."""
     num_tokens, k = x.shape
     num_experts = weights.shape[0]
     n = weights.shape[1] if trans_b else weights.shape[2]
     if x.device.type != "cuda" or min(k, num_experts, n, num_tokens) == 0 or (fused.gated and n % 16):
+        return False
+    bias = fused.bias
+    if bias is not None and (bias.data_ptr() % 4 or bias.stride(0) % 2):  # the kernel reads column pairs
         return False
     layout = _weight_layout(weights, trans_b)[0]
     plan = _plan(_DTYPES[x.dtype], layout, num_tokens, num_experts, n, k, _BACKENDS[backend], _CONFIGS[config],

@@ -76,6 +76,8 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--no-train", action="store_true")
     parser.add_argument("--only", default=None, help="comma-separated shape names")
+    parser.add_argument("--profile", action="store_true",
+                        help="also print the top GPU kernels of one training step of each MLP (torch.profiler)")
     args = parser.parse_args()
     print(f"mlp_bench on {torch.cuda.get_device_name()}, torch {torch.__version__}, bf16, rounds {args.rounds}")
     head = (f"{'shape':<22} {'plain gu':>9} {'gated':>8} {'g/p':>6} {'plain dn':>9} {'down+':>8} {'d/p':>6} "
@@ -176,6 +178,15 @@ def main():
 
             med_t = timed({"ours": step(fused_mlp, "w_gu", "b_gu"), "torch": step(torch_mlp, "w_cat", "b_cat")},
                           args.rounds)
+            if args.profile:
+                for label, fn in (("ours", step(fused_mlp, "w_gu", "b_gu")), ("torch", step(torch_mlp, "w_cat", "b_cat"))):
+                    fn()
+                    torch.cuda.synchronize()
+                    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                        fn()
+                        torch.cuda.synchronize()
+                    print(f"--- {name} training step, {label}")
+                    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=14, max_name_column_width=70))
             train_rows.append(dict(name=name, ours=med_t["ours"], torch=med_t["torch"],
                                    ratio=med_t["torch"] / med_t["ours"]))
             print(f"{'':<22} train: ours {med_t['ours']:.3f} ms, torch {med_t['torch']:.3f} ms, "

@@ -124,11 +124,12 @@ def _apply_epilogue(y: torch.Tensor, tokens_per_expert: torch.Tensor, fused: Fus
     return h.to(y.dtype)
 
 
-def _runs_fused_kernel(x, weights, trans_b, backend, config, fused: FusedArgs) -> bool:
+def _runs_fused_kernel(x, weights, trans_b, backend, config, fused: FusedArgs, num_tokens: Optional[int] = None) -> bool:
     """Whether the fused kernel takes the call: the plan resolves to the sm90 moe family, a gated N
     is a multiple of 16 (N/2 output columns in 16-byte vectors), and the bias can be read in
-    column pairs (4-byte aligned rows)."""
-    num_tokens, k = x.shape
+    column pairs (4-byte aligned rows). num_tokens: T where x is not (T, K) (grouped_mlp's (B, G, K))."""
+    k = x.shape[-1]
+    num_tokens = x.shape[0] if num_tokens is None else num_tokens  # x's rows, unless given
     num_experts = weights.shape[0]
     n = weights.shape[1] if trans_b else weights.shape[2]
     if x.device.type != "cuda" or min(k, num_experts, n, num_tokens) == 0 or (fused.gated and n % 16):

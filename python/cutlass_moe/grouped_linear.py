@@ -36,10 +36,12 @@ What torch does with such views (measured with torch 2.13 on the CPU; on the GPU
 
 :class:`GroupedMLP` computes ``down(act(gate(x)) * up(x))`` per group with gate and up in one
 (G, K, 2H) weight, interleaved column by column (gate's column j at column 2j, up's at 2j + 1, the
-layout of the project's fused gated epilogue), so gate and up are one GEMM. The gated activation
-runs in float32 and rounds once: on a CUDA device in eager mode in one Triton kernel when Triton is
-installed (forward and backward; the backward keeps only the GEMM's output), otherwise, and under
-torch.compile (where Inductor fuses it), as torch operations.
+layout of :func:`cutlass_moe.moe_gemm_gated`). Where our fused gated kernel runs (a CUDA device
+whose sm90 ``moe`` family takes the shapes), the gate/up projection and the activation are that one
+kernel, over x's rows copied group-major once (a (G * B, K) copy of x, against a (B, G, 2H) GEMM
+output and its elementwise passes saved); the down projection is :func:`grouped_linear`. Elsewhere
+(the CPU, other GPUs, ``fused=False``) it is :func:`grouped_linear`, then :func:`gated_activation`
+as torch operations (in float32, rounded once; Inductor fuses them under torch.compile).
 """
 from __future__ import annotations
 
@@ -49,18 +51,12 @@ from typing import Optional, Tuple
 import torch
 from torch import nn
 
+from .fused import FusedArgs, _runs_fused_kernel, interleave_gate_up, moe_gemm_gated
 from .ops import _check_tensor, _records_graph, _traced
 from .reference import ACTIVATIONS
 
-try:  # Optional: the fused gated activation on CUDA devices.
-    import triton
-    import triton.language as tl
-except ImportError:  # pragma: no cover - depends on the environment
-    triton = None
-
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 GATED_MLP_ACTIVATIONS = ("silu", "gelu", "gelu_tanh", "relu")  # gelu: the erf form; gelu_tanh: tanh approximation
-_ACTIVATION_BACKENDS = ("auto", "torch", "triton")
 
 
 # ---- grouped_linear ------------------------------------------------------------------------------
@@ -242,145 +238,28 @@ def _check_activation(activation) -> None:
         raise ValueError(f"activation: expected one of {list(GATED_MLP_ACTIVATIONS)}, got {activation!r}")
 
 
-def _gated_activation_torch(h: torch.Tensor, activation: str) -> torch.Tensor:
-    """act(gate) * up over interleaved column pairs, in float32 (float64 for float64 h), rounded
-    once to h's dtype. Differentiable and traceable; Inductor fuses it into one kernel."""
-    compute = torch.float64 if h.dtype == torch.float64 else torch.float32
-    gate, up = h[..., 0::2].to(compute), h[..., 1::2].to(compute)
-    return (ACTIVATIONS[activation](gate) * up).to(h.dtype)
-
-
-if triton is not None:
-    _ACTIVATION_IDS = {"relu": 0, "gelu_tanh": 1, "gelu": 2, "silu": 3}
-    _BLOCK = 1024  # outputs per program: 2048 interleaved inputs, 4 KiB of bf16
-
-    @triton.jit
-    def _act_and_grad(g, ACT: tl.constexpr):
-        """act(g) and act'(g), in float32 (torch's formulas)."""
-        if ACT == 0:  # relu
-            act = tl.maximum(g, 0.0)
-            grad = tl.where(g > 0.0, 1.0, 0.0)
-        elif ACT == 1:  # gelu_tanh: 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3)))
-            inner = 0.7978845608028654 * (g + 0.044715 * g * g * g)
-            t = 2.0 * tl.sigmoid(2.0 * inner) - 1.0  # tanh
-            act = 0.5 * g * (1.0 + t)
-            grad = 0.5 * (1.0 + t) + 0.5 * g * (1.0 - t * t) * 0.7978845608028654 * (1.0 + 0.134145 * g * g)
-        elif ACT == 2:  # gelu (erf): g Phi(g)
-            cdf = 0.5 * (1.0 + tl.erf(g * 0.7071067811865476))
-            act = g * cdf
-            grad = cdf + g * 0.3989422804014327 * tl.exp(-0.5 * g * g)
-        else:  # silu: g sigmoid(g)
-            s = tl.sigmoid(g)
-            act = g * s
-            grad = s * (1.0 + g * (1.0 - s))
-        return act, grad
-
-    @triton.jit
-    def _gated_forward_kernel(h_ptr, a_ptr, n, n_in, ACT: tl.constexpr, BLOCK: tl.constexpr):
-        # a[i] = act(h[2i]) * h[2i + 1] over the flattened contiguous tensors (n outputs, n_in = 2n
-        # inputs, passed from the host so that no 32-bit product overflows): a pair never straddles
-        # a row since rows of h hold 2H values.
-        start = tl.program_id(0).to(tl.int64) * BLOCK
-        pairs = 2 * start + tl.arange(0, 2 * BLOCK)
-        h = tl.load(h_ptr + pairs, mask=pairs < n_in, other=0.0).to(tl.float32)
-        g, u = tl.split(tl.reshape(h, (BLOCK, 2)))
-        act, _ = _act_and_grad(g, ACT)
-        offs = start + tl.arange(0, BLOCK)
-        tl.store(a_ptr + offs, (act * u).to(a_ptr.dtype.element_ty), mask=offs < n)
-
-    @triton.jit
-    def _gated_backward_kernel(h_ptr, da_ptr, dh_ptr, n, n_in, ACT: tl.constexpr, BLOCK: tl.constexpr):
-        # dh[2i] = da[i] * h[2i + 1] * act'(h[2i]), dh[2i + 1] = da[i] * act(h[2i]).
-        start = tl.program_id(0).to(tl.int64) * BLOCK
-        pairs = 2 * start + tl.arange(0, 2 * BLOCK)
-        h = tl.load(h_ptr + pairs, mask=pairs < n_in, other=0.0).to(tl.float32)
-        g, u = tl.split(tl.reshape(h, (BLOCK, 2)))
-        offs = start + tl.arange(0, BLOCK)
-        da = tl.load(da_ptr + offs, mask=offs < n, other=0.0).to(tl.float32)
-        act, grad = _act_and_grad(g, ACT)
-        dh = tl.reshape(tl.join(da * u * grad, da * act), (2 * BLOCK,))
-        tl.store(dh_ptr + pairs, dh.to(dh_ptr.dtype.element_ty), mask=pairs < n_in)
-
-    def _launch(kernel, h: torch.Tensor, n: int, *args, activation: str) -> None:
-        """One program per _BLOCK outputs, on h's device (Triton launches on the current one)."""
-        if n == 0:
-            return
-        grid = (triton.cdiv(n, _BLOCK),)
-        launch = lambda: kernel[grid](*args, n, 2 * n, ACT=_ACTIVATION_IDS[activation], BLOCK=_BLOCK, num_warps=4)
-        if h.is_cuda and h.device.index != torch.cuda.current_device():
-            with torch.cuda.device(h.device):
-                launch()
-        else:  # the current device, or CPU tensors under TRITON_INTERPRET=1 (the tests)
-            launch()
-
-    def _gated_forward_triton(h: torch.Tensor, activation: str) -> torch.Tensor:
-        """h contiguous (..., 2H) -> (..., H), one kernel."""
-        a = torch.empty(*h.shape[:-1], h.shape[-1] // 2, dtype=h.dtype, device=h.device)
-        _launch(_gated_forward_kernel, h, a.numel(), h, a, activation=activation)
-        return a
-
-    def _gated_backward_triton(h: torch.Tensor, grad: torch.Tensor, activation: str) -> torch.Tensor:
-        """h contiguous (..., 2H), grad (..., H) -> dh (..., 2H) interleaved, one kernel."""
-        grad = grad.contiguous()  # a no-op for the down projection's dgrad (a new tensor)
-        dh = torch.empty_like(h)
-        _launch(_gated_backward_kernel, h, grad.numel(), h, grad, dh, activation=activation)
-        return dh
-
-    class _GatedActivationTriton(torch.autograd.Function):
-        """The fused gated activation with autograd; saves h (the GEMM's output) only."""
-
-        @staticmethod
-        def forward(ctx, h, activation):
-            ctx.save_for_backward(h)
-            ctx.activation = activation
-            return _gated_forward_triton(h, activation)
-
-        @staticmethod
-        @torch.autograd.function.once_differentiable
-        def backward(ctx, grad):
-            (h,) = ctx.saved_tensors
-            return _gated_backward_triton(h, grad, ctx.activation), None
-
-
-def _uses_triton(h: torch.Tensor, backend: str) -> bool:
-    if backend == "torch":
-        return False
-    usable = (triton is not None and h.is_cuda and h.dtype != torch.float64 and h.is_contiguous()
-              and not torch.compiler.is_compiling())
-    if backend == "triton" and not usable:
-        raise ValueError("backend: 'triton' needs Triton installed, a contiguous CUDA tensor of float16, bfloat16 "
-                         "or float32, and eager mode (not torch.compile)")
-    return usable
-
-
-def gated_activation(h: torch.Tensor, activation: str = "silu", *, backend: str = "auto") -> torch.Tensor:
+def gated_activation(h: torch.Tensor, activation: str = "silu") -> torch.Tensor:
     """``act(h[..., 0::2]) * h[..., 1::2]``: gate and up interleaved column by column, computed in
     float32 (float64 for float64 h) and rounded once to h's dtype.
 
     Args:
         h: (..., 2H), e.g. the (B, G, 2H) output of the gate/up projection.
         activation: ``"silu"``, ``"gelu"`` (erf), ``"gelu_tanh"`` or ``"relu"``.
-        backend: ``"triton"`` (one fused kernel forward and one backward; a contiguous CUDA tensor,
-            eager mode, Triton installed; not differentiable twice), ``"torch"`` (torch operations:
-            differentiable, traceable), or ``"auto"`` (Triton where it applies).
 
     Returns:
-        (..., H) of h's dtype. Differentiable in h.
+        (..., H) of h's dtype. Differentiable in h (torch operations; Inductor fuses them).
     """
     _check_activation(activation)
-    if backend not in _ACTIVATION_BACKENDS:
-        raise ValueError(f"backend: expected one of {list(_ACTIVATION_BACKENDS)}, got {backend!r}")
     if not isinstance(h, torch.Tensor):
         raise TypeError(f"h: expected a torch.Tensor, got {type(h).__name__}")
     if h.dim() < 1 or h.shape[-1] % 2:
         raise ValueError(f"h: expected (..., 2H), gate and up interleaved, got shape {tuple(h.shape)}")
     if not h.is_floating_point():
         raise TypeError(f"h: expected a floating-point dtype, got {h.dtype}")
-    if _uses_triton(h, backend):
-        if _records_graph(h):
-            return _GatedActivationTriton.apply(h, activation)
-        return _gated_forward_triton(h, activation)
-    return _gated_activation_torch(h, activation)
+    compute = torch.float64 if h.dtype == torch.float64 else torch.float32
+    # unbind rather than two strided slices: its backward is one stack, not two zero-filled copies.
+    gate, up = h.to(compute).unflatten(-1, (-1, 2)).unbind(-1)
+    return (ACTIVATIONS[activation](gate) * up).to(h.dtype)
 
 
 # ---- modules -------------------------------------------------------------------------------------
@@ -445,26 +324,43 @@ class GroupedLinear(nn.Module):
                 f"out_features={self.out_features}, bias={self.bias is not None}")
 
 
-def interleave_gate_up(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """(..., H) gate and up -> (..., 2H) with gate's column j at 2j and up's at 2j + 1 (weights
-    (G, K, H) -> (G, K, 2H), biases (G, H) -> (G, 2H)). A new tensor."""
-    if gate.shape != up.shape:
-        raise ValueError(f"up: expected gate's shape {tuple(gate.shape)}, got {tuple(up.shape)}")
-    return torch.stack((gate, up), dim=-1).flatten(-2)
+def _gated_kernel_takes(x: torch.Tensor, gate_up_weight: torch.Tensor, gate_up_bias, activation: str) -> bool:
+    """Whether moe_gemm_gated's fused kernel takes the gate/up projection of x (B, G, K): a CUDA
+    tensor, sizes and strides its TMA descriptors take, and the sm90 moe family for the shapes."""
+    batch, groups, k = x.shape
+    w = gate_up_weight
+    if not (x.is_cuda and x.dtype in (torch.float16, torch.bfloat16) and batch * groups > 0):
+        return False
+    if k % 8 or w.shape[2] % 16 or w.data_ptr() % 16 or not (w.stride(2) == 1 or w.stride(1) == 1):
+        return False
+    if any(stride % 8 for stride in w.stride() if stride != 1):
+        return False
+    return _runs_fused_kernel(x, w, False, "auto", "auto", FusedArgs(gate_up_bias, activation, None, True),
+                              num_tokens=batch * groups)
 
 
 def grouped_mlp(x: torch.Tensor, gate_up_weight: torch.Tensor, down_weight: torch.Tensor,
                 gate_up_bias: Optional[torch.Tensor] = None, down_bias: Optional[torch.Tensor] = None,
-                activation: str = "silu", *, activation_backend: str = "auto") -> torch.Tensor:
-    """``down(act(gate(x)) * up(x))`` per group: :func:`grouped_linear` with the interleaved
-    (G, K, 2H) gate/up weight, :func:`gated_activation`, :func:`grouped_linear` with the (G, H, N)
-    down weight. Returns (B, G, N)."""
+                activation: str = "silu", *, fused: bool = True) -> torch.Tensor:
+    """``down(act(gate(x)) * up(x))`` per group, with the interleaved (G, K, 2H) gate/up weight and
+    the (G, H, N) down weight. Returns (B, G, N).
+
+    ``fused``: the gate/up projection and the activation as :func:`cutlass_moe.moe_gemm_gated`'s one
+    kernel where it runs (module docstring); else :func:`grouped_linear` then
+    :func:`gated_activation`. The down projection is :func:`grouped_linear` either way."""
     _check_activation(activation)
     if down_weight.dim() == 3 and gate_up_weight.dim() == 3 and down_weight.shape[1] * 2 != gate_up_weight.shape[2]:
         raise ValueError(f"down_weight: expected (G, H, N) with H = {gate_up_weight.shape[2] // 2} (half of "
                          f"gate_up_weight's {gate_up_weight.shape[2]} columns), got {tuple(down_weight.shape)}")
-    h = grouped_linear(x, gate_up_weight, gate_up_bias)                 # (B, G, 2H)
-    a = gated_activation(h, activation, backend=activation_backend)      # (B, G, H)
+    x = _check_grouped_linear(x, gate_up_weight, gate_up_bias, None)   # (B, G, K)
+    batch, groups, k = x.shape
+    if fused and _gated_kernel_takes(x, gate_up_weight, gate_up_bias, activation):
+        rows = x.transpose(0, 1).reshape(groups * batch, k)             # group-major: one copy of x
+        counts = torch.full((groups,), batch, dtype=torch.int32, device=x.device)
+        a = moe_gemm_gated(rows, gate_up_weight, counts, activation=activation, bias=gate_up_bias)
+        a = a.view(groups, batch, -1).transpose(0, 1)                   # (B, G, H), a view
+    else:
+        a = gated_activation(grouped_linear(x, gate_up_weight, gate_up_bias), activation)  # (B, G, H)
     return grouped_linear(a, down_weight, down_bias)                    # (B, G, N)
 
 
@@ -488,8 +384,8 @@ class GroupedMLP(nn.Module):
         interleaved the same way. ``down_weight`` (G, H, N), ``down_bias`` (G, N). Each projection
         is initialized like ``nn.Linear`` per group.
 
-    The attribute ``activation_backend`` (``"auto"``, ``"torch"``, ``"triton"``) picks how the gated
-    activation runs (:func:`gated_activation`). Separate gate and up weights convert with
+    The attribute ``fused`` (default True) picks :func:`grouped_mlp`'s fused gated kernel where it
+    runs. Separate gate and up weights convert with
     :meth:`from_gate_up`; ``gate_up_weight[..., 0::2]`` and ``[..., 1::2]`` are views of them.
 
     Example::
@@ -514,7 +410,7 @@ class GroupedMLP(nn.Module):
         self.num_groups, self.in_features = num_groups, in_features
         self.hidden_features, self.out_features = hidden_features, out_features
         self.activation = activation
-        self.activation_backend = "auto"
+        self.fused = True
         self.gate_up_weight = nn.Parameter(torch.empty(num_groups, in_features, 2 * hidden_features, **factory))
         self.down_weight = nn.Parameter(torch.empty(num_groups, hidden_features, out_features, **factory))
         if bias:
@@ -560,7 +456,7 @@ class GroupedMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return grouped_mlp(x, self.gate_up_weight, self.down_weight, self.gate_up_bias, self.down_bias,
-                           self.activation, activation_backend=self.activation_backend)
+                           self.activation, fused=self.fused)
 
     def extra_repr(self) -> str:
         return (f"num_groups={self.num_groups}, in_features={self.in_features}, "

@@ -131,6 +131,22 @@ PYBIND11_MODULE(_C, m) {
                                                     {"swiglu_oai", v(Activation::kSwigluOai)}};
   });
 
+  // The gated activation and its backward (pointers and row strides in elements).
+  m.def("gated_activation", [](int dtype, int activation, float alpha, float limit, int64_t rows, int64_t cols,
+                               uintptr_t y, int64_t ldy, uintptr_t out, int64_t ldout, uintptr_t stream) {
+    gated_activation(static_cast<DType>(dtype), static_cast<Activation>(activation), alpha, limit, rows, cols,
+                     reinterpret_cast<const void*>(y), ldy, reinterpret_cast<void*>(out), ldout,
+                     reinterpret_cast<cudaStream_t>(stream));
+  });
+  m.def("gated_activation_backward",
+        [](int dtype, int activation, float alpha, float limit, int64_t rows, int64_t cols, uintptr_t y, int64_t ldy,
+           uintptr_t grad_out, int64_t ld_grad_out, uintptr_t grad_y, int64_t ld_grad_y, uintptr_t stream) {
+          gated_activation_backward(static_cast<DType>(dtype), static_cast<Activation>(activation), alpha, limit,
+                                    rows, cols, reinterpret_cast<const void*>(y), ldy,
+                                    reinterpret_cast<const void*>(grad_out), ld_grad_out,
+                                    reinterpret_cast<void*>(grad_y), ld_grad_y, reinterpret_cast<cudaStream_t>(stream));
+        });
+
   // The weight gradient (MoeWgradProblem): its checks without pointers, its workspace, the call.
   auto wgrad_problem = [](int dtype, int out_dtype, int weight_layout, int count_type, bool accumulate,
                           int64_t num_tokens, int64_t num_experts, int64_t n, int64_t k, int64_t ldx,

@@ -240,6 +240,18 @@ void check_wgrad_layout(const MoeWgradProblem& problem);
 // an accumulating call prefers kGrouped (faster at adding into fp32). config kAuto takes the
 // family's first built config (CUTLASS_MOE_*_WGRAD*_CONFIGS).
 
+// The gated activation on its own (moe_gemm_gated's composite path, where a gradient is recorded):
+// y is rows x 2 cols of (gate, up) pairs interleaved column by column (MoeGemmProblem::gated's
+// layout), out is rows x cols, out[r][j] = act(y[r][2j]) * y[r][2j + 1] (kSwigluOai: alpha and
+// limit), in fp32, rounded once. The backward writes grad_y (rows x 2 cols, interleaved) from
+// grad_out (rows x cols). fp16/bf16; cols and the row strides (elements) multiples of 4, pointers
+// 8-byte aligned. On the current device, never synchronizes.
+void gated_activation(DType dtype, Activation activation, float alpha, float limit, int64_t rows, int64_t cols,
+                      const void* y, int64_t ldy, void* out, int64_t ldout, cudaStream_t stream);
+void gated_activation_backward(DType dtype, Activation activation, float alpha, float limit, int64_t rows,
+                               int64_t cols, const void* y, int64_t ldy, const void* grad_out, int64_t ld_grad_out,
+                               void* grad_y, int64_t ld_grad_y, cudaStream_t stream);
+
 // Workspace bytes moe_gemm_wgrad needs for `problem` on `device` (check_wgrad_layout only).
 size_t wgrad_workspace_size(const MoeWgradProblem& problem, Backend backend, KernelConfig config, int device);
 

@@ -19,8 +19,10 @@ from typing import NamedTuple, Optional
 
 import torch
 
+from . import _C
 from .ops import (_ACTIVATION_IDS, _BACKENDS, _CONFIGS, _DTYPES, _check_moe_gemm, _check_out, _check_tensor,
-                  _moe_gemm_impl, _plan, _records_graph, _traced, _weight_layout, moe_gemm, moe_gemm_wgrad)
+                  _moe_gemm_impl, _on_device, _plan, _records_graph, _stream, _traced, _weight_layout, moe_gemm,
+                  moe_gemm_wgrad)
 from .reference import ACTIVATIONS, GATED_ACTIVATIONS, gated_activation
 
 
@@ -103,11 +105,63 @@ class _ExpertBias(torch.autograd.Function):
         return sums.to(ctx.bias_dtype), None, None, None
 
 
+def _gated_kernel_applies(y: torch.Tensor) -> bool:
+    """Whether the core's gated_activation kernels take y (rows, 2I): an fp16/bf16 CUDA tensor in
+    16-byte rows of 8-byte aligned vectors, outside torch.compile (which fuses the torch form)."""
+    return (y.is_cuda and y.dtype in _DTYPES and y.dim() == 2 and y.shape[1] % 8 == 0 and y.stride(1) == 1
+            and y.stride(0) % 4 == 0 and y.data_ptr() % 8 == 0 and not torch.compiler.is_compiling())
+
+
+class _GatedActivation(torch.autograd.Function):
+    """``act(gate) * up`` over y's interleaved (gate, up) column pairs, by the core's
+    gated_activation kernels: one pass forward, one backward writing the interleaved gradient. The
+    same as the torch form (fp32 math, rounded once), whose backward costs several passes and a
+    stack of the two halves' gradients (benchmarks/NOTES.md). Keeps y for the backward."""
+
+    @staticmethod
+    def forward(ctx, y, activation, alpha, limit):
+        rows, cols = y.shape[0], y.shape[1] // 2
+        out = y.new_empty(rows, cols)
+        ctx.save_for_backward(y)
+        ctx.args = (_DTYPES[y.dtype], _ACTIVATION_IDS[activation], alpha, limit)
+        device = y.device.index
+        _on_device(device, _C.gated_activation, *ctx.args, rows, cols, y.data_ptr(), y.stride(0), out.data_ptr(),
+                   cols, _stream(device))
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        (y,) = ctx.saved_tensors
+        rows, cols = y.shape[0], y.shape[1] // 2
+        if grad.stride(1) != 1 or grad.stride(0) % 4 or grad.data_ptr() % 8:
+            grad = grad.contiguous()
+        grad_y = torch.empty(rows, 2 * cols, dtype=y.dtype, device=y.device)
+        device = y.device.index
+        _on_device(device, _C.gated_activation_backward, *ctx.args, rows, cols, y.data_ptr(), y.stride(0),
+                   grad.data_ptr(), grad.stride(0) if rows > 1 else cols, grad_y.data_ptr(), 2 * cols, _stream(device))
+        return grad_y, None, None, None
+
+
+def gated_activation_of(y: torch.Tensor, activation: str, alpha: float = 1.702, limit: float = 7.0) -> torch.Tensor:
+    """``gated_activation`` over y's (..., 2I) interleaved pairs, differentiable: the core's
+    kernels where they take y (as rows x 2I), else torch operations in fp32; rounded once to y's dtype."""
+    flat = y.reshape(-1, y.shape[-1]) if y.dim() != 2 else y
+    if _gated_kernel_applies(flat):
+        return _GatedActivation.apply(flat, activation, alpha, limit).view(*y.shape[:-1], y.shape[-1] // 2)
+    compute = torch.float64 if y.dtype == torch.float64 else torch.float32
+    # unbind, not two strided slices: its backward is one stack, not two zero-filled copies.
+    gate, up = y.to(compute).unflatten(-1, (-1, 2)).unbind(-1)
+    return gated_activation(gate, up, activation, alpha, limit).to(y.dtype)
+
+
 def _apply_epilogue(y: torch.Tensor, tokens_per_expert: torch.Tensor, fused: FusedArgs) -> torch.Tensor:
     """The fused epilogue in torch operations on moe_gemm's output y (differentiable, traceable,
     no host synchronization): what the fused kernel computes, with y rounded to its dtype first.
     Gated: N/2 columns."""
     num_tokens = y.shape[0]
+    if fused.gated and fused.bias is None and fused.row_scale is None:
+        return gated_activation_of(y, fused.activation, fused.alpha, fused.limit)
     compute = torch.float64 if y.dtype == torch.float64 else torch.float32
     h = y.to(compute)
     if fused.bias is not None:

@@ -40,8 +40,9 @@ layout of :func:`cutlass_moe.moe_gemm_gated`). Where our fused gated kernel runs
 whose sm90 ``moe`` family takes the shapes), the gate/up projection and the activation are that one
 kernel, over x's rows copied group-major once (a (G * B, K) copy of x, against a (B, G, 2H) GEMM
 output and its elementwise passes saved); the down projection is :func:`grouped_linear`. Elsewhere
-(the CPU, other GPUs, ``fused=False``) it is :func:`grouped_linear`, then :func:`gated_activation`
-as torch operations (in float32, rounded once; Inductor fuses them under torch.compile).
+(the CPU, other GPUs, ``fused=False``) and wherever a gradient is recorded, it is a GEMM, then
+:func:`gated_activation` (in float32, rounded once: on the GPU one kernel each way, elsewhere torch
+operations, which Inductor fuses under torch.compile).
 """
 from __future__ import annotations
 
@@ -51,9 +52,8 @@ from typing import Optional, Tuple
 import torch
 from torch import nn
 
-from .fused import FusedArgs, _runs_fused_kernel, interleave_gate_up, moe_gemm_gated
+from .fused import FusedArgs, _runs_fused_kernel, gated_activation_of, interleave_gate_up, moe_gemm_gated
 from .ops import _check_tensor, _records_graph, _traced
-from .reference import ACTIVATIONS
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 GATED_MLP_ACTIVATIONS = ("silu", "gelu", "gelu_tanh", "relu")  # gelu: the erf form; gelu_tanh: tanh approximation
@@ -247,7 +247,9 @@ def gated_activation(h: torch.Tensor, activation: str = "silu") -> torch.Tensor:
         activation: ``"silu"``, ``"gelu"`` (erf), ``"gelu_tanh"`` or ``"relu"``.
 
     Returns:
-        (..., H) of h's dtype. Differentiable in h (torch operations; Inductor fuses them).
+        (..., H) of h's dtype. Differentiable in h. On the GPU (fp16/bf16, eager) one kernel each
+        way (``cutlass_moe.fused.gated_activation_of``); elsewhere torch operations, which Inductor
+        fuses under torch.compile.
     """
     _check_activation(activation)
     if not isinstance(h, torch.Tensor):
@@ -256,10 +258,7 @@ def gated_activation(h: torch.Tensor, activation: str = "silu") -> torch.Tensor:
         raise ValueError(f"h: expected (..., 2H), gate and up interleaved, got shape {tuple(h.shape)}")
     if not h.is_floating_point():
         raise TypeError(f"h: expected a floating-point dtype, got {h.dtype}")
-    compute = torch.float64 if h.dtype == torch.float64 else torch.float32
-    # unbind rather than two strided slices: its backward is one stack, not two zero-filled copies.
-    gate, up = h.to(compute).unflatten(-1, (-1, 2)).unbind(-1)
-    return (ACTIVATIONS[activation](gate) * up).to(h.dtype)
+    return gated_activation_of(h, activation)
 
 
 # ---- modules -------------------------------------------------------------------------------------

@@ -189,8 +189,8 @@ def _runs_fused_kernel(x, weights, trans_b, backend, config, fused: FusedArgs, n
     if x.device.type != "cuda" or min(k, num_experts, n, num_tokens) == 0 or (fused.gated and n % 16):
         return False
     bias = fused.bias
-    if bias is not None and (bias.data_ptr() % 4 or bias.stride(0) % 2):  # the kernel reads column pairs
-        return False
+    if bias is not None and (bias.stride(0) % 2 or (not _traced(x) and bias.data_ptr() % 4)):
+        return False  # the kernel reads column pairs (traced: the op decides again at run time)
     layout = _weight_layout(weights, trans_b)[0]
     plan = _plan(_DTYPES[x.dtype], layout, num_tokens, num_experts, n, k, _BACKENDS[backend], _CONFIGS[config],
                  x.device.index)

@@ -330,7 +330,9 @@ def _gated_kernel_takes(x: torch.Tensor, gate_up_weight: torch.Tensor, gate_up_b
     w = gate_up_weight
     if not (x.is_cuda and x.dtype in (torch.float16, torch.bfloat16) and batch * groups > 0):
         return False
-    if k % 8 or w.shape[2] % 16 or w.data_ptr() % 16 or not (w.stride(2) == 1 or w.stride(1) == 1):
+    if k % 8 or w.shape[2] % 16 or not (w.stride(2) == 1 or w.stride(1) == 1):
+        return False
+    if not _traced(x, w) and w.data_ptr() % 16:  # traced: decided at run time by the op itself
         return False
     if any(stride % 8 for stride in w.stride() if stride != 1):
         return False

@@ -53,16 +53,17 @@ def loop_mlp(x, gate, up, down, gate_bias=None, up_bias=None, down_bias=None, ac
     return loop_linear(h, down, down_bias)
 
 
-def check(got, ref, dtype, group_dim, what, elementwise=True):
-    """Group by group along group_dim: the relative error of the group, and (elementwise) each
-    element within TOL * (|ref| + rms of the group's reference)."""
+def check(got, ref, dtype, group_dim, what, elementwise=True, rel=None):
+    """Group by group along group_dim: the relative error of the group (at most rel, default
+    REL[dtype]), and (elementwise) each element within TOL * (|ref| + rms of the group's reference)."""
+    rel = REL[dtype] if rel is None else rel
     assert got.shape == ref.shape, f"{what}: shape {tuple(got.shape)}, expected {tuple(ref.shape)}"
     got, ref = got.detach().to(ref.dtype), ref.detach()
     assert bool(torch.isfinite(got).all()), f"{what}: non-finite values"
     for g in range(ref.shape[group_dim]):
         o, r = got.select(group_dim, g), ref.select(group_dim, g)
         err = float((o - r).norm() / r.norm().clamp_min(1e-30))
-        assert err <= REL[dtype], f"{what}, group {g}: relative error {err:.3e} > {REL[dtype]:g}"
+        assert err <= rel, f"{what}, group {g}: relative error {err:.3e} > {rel:g}"
         if not elementwise:
             continue
         bound = TOL[dtype] * (r.abs() + r.pow(2).mean().sqrt())
@@ -285,6 +286,8 @@ def run_mlp_case(b, g, k, hidden, n, dtype, device, activation, bias, form="3d",
     # On the GPU the half-precision intermediates round at the kernels' points (a bias added in fp32
     # after the GEMM's rounding; relu's kink): judged by each group's relative error alone there.
     elementwise = device == "cpu" or dtype not in (BF16, FP16)
+    # relu's kink: a pre-activation near 0 whose sign the rounding flips moves its whole gradient.
+    rel = 3e-2 if not elementwise and activation == "relu" else None
     x = torch.randn(b, g, k, generator=torch.Generator().manual_seed(8)).to(device, dtype)
     xl = x.clone().requires_grad_()
     y = mlp(xl.reshape(b * g, k) if form == "2d" else xl)
@@ -301,14 +304,14 @@ def run_mlp_case(b, g, k, hidden, n, dtype, device, activation, bias, form="3d",
     for i in range(g):  # against the float32 loop without the intermediate roundings: the norm only
         err = float((y[:, i].detach().float() - plain[:, i]).norm() / plain[:, i].norm())
         assert err <= REL[dtype], f"y, group {i}: relative error {err:.3e} against the unrounded reference"
-    check(xl.grad, grads[0], dtype, 1, "dx", elementwise)
-    check(w.grad[..., 0::2], grads[1], dtype, 0, "d gate weight", elementwise)
-    check(w.grad[..., 1::2], grads[2], dtype, 0, "d up weight", elementwise)
-    check(mlp.down_weight.grad, grads[3], dtype, 0, "d down weight", elementwise)
+    check(xl.grad, grads[0], dtype, 1, "dx", elementwise, rel)
+    check(w.grad[..., 0::2], grads[1], dtype, 0, "d gate weight", elementwise, rel)
+    check(w.grad[..., 1::2], grads[2], dtype, 0, "d up weight", elementwise, rel)
+    check(mlp.down_weight.grad, grads[3], dtype, 0, "d down weight", elementwise, rel)
     if bias:
-        check(mlp.gate_up_bias.grad[..., 0::2], grads[4], dtype, 0, "d gate bias", elementwise)
-        check(mlp.gate_up_bias.grad[..., 1::2], grads[5], dtype, 0, "d up bias", elementwise)
-        check(mlp.down_bias.grad, grads[6], dtype, 0, "d down bias", elementwise)
+        check(mlp.gate_up_bias.grad[..., 0::2], grads[4], dtype, 0, "d gate bias", elementwise, rel)
+        check(mlp.gate_up_bias.grad[..., 1::2], grads[5], dtype, 0, "d up bias", elementwise, rel)
+        check(mlp.down_bias.grad, grads[6], dtype, 0, "d down bias", elementwise, rel)
 
 
 @pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])

@@ -332,9 +332,11 @@ def _gated_kernel_takes(x: torch.Tensor, gate_up_weight: torch.Tensor, gate_up_b
         return False
     if k % 8 or w.shape[2] % 16 or not (w.stride(2) == 1 or w.stride(1) == 1):
         return False
-    if not _traced(x, w) and w.data_ptr() % 16:  # traced: decided at run time by the op itself
-        return False
     if any(stride % 8 for stride in w.stride() if stride != 1):
+        return False
+    if _traced(x, w):  # the pointers and the plan are decided at run time, by the op itself
+        return True
+    if w.data_ptr() % 16:
         return False
     return _runs_fused_kernel(x, w, False, "auto", "auto", FusedArgs(gate_up_bias, activation, None, True),
                               num_tokens=batch * groups)

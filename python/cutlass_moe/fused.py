@@ -99,7 +99,8 @@ class _ExpertBias(torch.autograd.Function):
         if grad.device.type == "cuda":
             # dW[e] = ones_e^T dy_e: K = 8, the smallest K the kernels take; its first row is the sum.
             ones = grad.new_ones(num_tokens, 8, dtype=ctx.bias_dtype)
-            sums = moe_gemm_wgrad(ones, grad.to(ctx.bias_dtype), tokens_per_expert, out_dtype=torch.float32)[:, 0]
+            grad = grad.to(ctx.bias_dtype).contiguous()  # e.g. a transposed incoming gradient
+            sums = moe_gemm_wgrad(ones, grad, tokens_per_expert, out_dtype=torch.float32)[:, 0]
         else:
             sums = grad.new_zeros(num_experts + 1, n).index_add_(0, expert, grad)[:num_experts]
         return sums.to(ctx.bias_dtype), None, None, None

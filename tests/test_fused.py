@@ -133,9 +133,10 @@ def test_gpu_fused_kernel_splits_and_out(kind):
 
 def check_grads(leaves, ref_leaves, counts, num_tokens, activation):
     """Gradients against the float32 reference's, per expert: the rows of dx and d row_scale each
-    expert owns, each expert's dW and d bias; rows no expert owns get dx = 0. relu's kink makes
-    half-precision gradients move where rounding flips a pre-activation's sign: judged at 5e-2."""
-    rel = 5e-2 if activation == "relu" else 2e-2
+    expert owns, each expert's dW and d bias; rows no expert owns get dx = 0. The kinks of relu and
+    of swiglu_oai's clamps make half-precision gradients move where rounding puts a pre-activation
+    on the other side (measured up to 3.5e-2 against the float32 reference): judged at 5e-2."""
+    rel = 5e-2 if activation in ("relu", "swiglu_oai") else 2e-2
     ranges = expert_row_ranges(counts, num_tokens)
     for name, got, want in zip(("x", "weights", "bias", "row_scale"), leaves, ref_leaves):
         if got is None:

@@ -356,8 +356,10 @@ void run_moe_gemm(const MoeGemmPlan& plan, const MoeGemmProblem& p, void* worksp
                                           << ", (T, E, N, K) = (" << plan.num_tokens << ", " << plan.num_experts << ", "
                                           << plan.n << ", " << plan.k << "), not for this problem");
   if (is_empty(p)) return;
-  CUTLASS_MOE_CHECK_ARG(!has_fused_epilogue(p) || (plan.backend == Backend::kMoe && p.k > 0),
-                        "bias, activation, row_scale, gated: the fused epilogue runs in the sm90 'moe' family with K > 0; "
+  CUTLASS_MOE_CHECK_ARG(!has_fused_epilogue(p) || ((plan.backend == Backend::kMoe || plan.backend == Backend::kSm80Moe) &&
+                                                     p.k > 0),
+                        "bias, activation, row_scale, gated: the fused epilogue runs in the MoE families ('moe', "
+                        "'sm80_moe') with K > 0; "
                         "this call resolved to '"
                             << backend_name(plan.backend) << "' with K = " << p.k);
   if (p.k == 0) {

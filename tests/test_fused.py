@@ -98,9 +98,10 @@ def test_cpu_gradcheck():
 @pytest.mark.parametrize("activation", ACTIVATIONS)
 @pytest.mark.parametrize("trans_b", [False, True])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("backend", [backend_param("moe"), backend_param("grouped")])
+@pytest.mark.parametrize("backend", [backend_param("moe"), backend_param("sm80_moe"), backend_param("grouped")])
 def test_gpu_matches_reference(backend, dtype, trans_b, activation):
-    # moe: the fused epilogue in the kernel; grouped: the composite path. Zero-token experts, a tail.
+    # moe, sm80_moe: the fused epilogue in the kernel; grouped: the composite path. Zero-token
+    # experts, a tail.
     t, k, n, e = 1000, 264, 136, 9
     x, w, bias, scale, counts = make(t, k, n, e, dtype, "cuda", trans_b, seed=3)
     counts[2] = 0
@@ -118,14 +119,15 @@ def test_gpu_matches_reference(backend, dtype, trans_b, activation):
 
 @gpu
 @pytest.mark.parametrize("kind", ["hot", "one", "uniform"])
-def test_gpu_fused_kernel_splits_and_out(kind):
+@pytest.mark.parametrize("backend", [backend_param("moe"), backend_param("sm80_moe")])
+def test_gpu_fused_kernel_splits_and_out(backend, kind):
     t, k, n, e = 4096, 512, 1024, 16
     x, w, bias, scale, counts = make(t, k, n, e, torch.bfloat16, "cuda", seed=4, kind=kind)
     ref = moe_gemm_reference(x, w, counts, bias=bias, activation="silu", row_scale=scale)
-    y = moe_gemm(x, w, counts.cuda(), backend="moe", bias=bias, activation="silu", row_scale=scale)
+    y = moe_gemm(x, w, counts.cuda(), backend=backend, bias=bias, activation="silu", row_scale=scale)
     check(y, ref, counts, t)
     out = torch.full((t, n), 7.0, device="cuda", dtype=torch.bfloat16)
-    moe_gemm(x, w, counts.cuda(), backend="moe", bias=bias, activation="silu", row_scale=scale, out=out)
+    moe_gemm(x, w, counts.cuda(), backend=backend, bias=bias, activation="silu", row_scale=scale, out=out)
     end = sum(stop - start for start, stop in expert_row_ranges(counts, t))
     check(out[:end], ref[:end], counts, end)
     assert bool((out[end:] == 7.0).all()), "a given out keeps the rows no expert owns"
@@ -286,12 +288,13 @@ def test_fused_op_opcheck_cpu():
 @pytest.mark.parametrize("activation", GATED)
 @pytest.mark.parametrize("trans_b", [False, True])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("config", MOE_CONFIGS + ["grouped"])
+@pytest.mark.parametrize("config", MOE_CONFIGS + ["sm80_moe", "grouped"])
 def test_gpu_gated_matches_separate_gemms(config, dtype, trans_b, activation):
-    # The fused kernel (both epilogues: pingpong staging and cooperative TMA stores) or, for
-    # "grouped", the composite path. I = 136: the last N tile is partial; zero-token experts; a tail.
+    # The fused kernels (sm90: both epilogues, pingpong staging and cooperative TMA stores; sm80: its
+    # own gated store) or, for "grouped", the composite path. I = 136: the last N tile is partial;
+    # zero-token experts; a tail.
     from conftest import runs_here
-    backend = "grouped" if config == "grouped" else "moe"
+    backend = config if config in ("grouped", "sm80_moe") else "moe"
     if not runs_here(backend):
         pytest.skip(f"no {backend} kernels for this GPU in this build")
     if backend == "moe" and f"sm90:moe:{'bf16' if dtype == torch.bfloat16 else 'fp16'}:{'nk' if trans_b else 'kn'}:" \
@@ -303,7 +306,7 @@ def test_gpu_gated_matches_separate_gemms(config, dtype, trans_b, activation):
     w = cutlass_moe.interleave_gate_up(gate, up, dim=1 if trans_b else -1)
     b = cutlass_moe.interleave_gate_up(bg, bu)
     kw = dict(activation=activation, trans_b=trans_b, backend=backend,
-              config="auto" if backend == "grouped" else config)
+              config=config if backend == "moe" else "auto")
     for bias, s in ((None, None), (b, None), (b, scale)):
         y = cutlass_moe.moe_gemm_gated(x, w, counts.cuda(), bias=bias, row_scale=s, **kw)
         assert y.shape == (t, inter)
@@ -314,15 +317,16 @@ def test_gpu_gated_matches_separate_gemms(config, dtype, trans_b, activation):
 
 @gpu
 @pytest.mark.parametrize("kind", ["hot", "one", "uniform"])
-def test_gpu_gated_splits_and_out(kind):
+@pytest.mark.parametrize("backend", [backend_param("moe"), backend_param("sm80_moe")])
+def test_gpu_gated_splits_and_out(backend, kind):
     t, k, inter, e = 4096, 512, 768, 16
     x, gate, up, bg, bu, scale, counts = make_gated(t, k, inter, e, torch.bfloat16, "cuda", seed=9, kind=kind)
     w, b = cutlass_moe.interleave_gate_up(gate, up), cutlass_moe.interleave_gate_up(bg, bu)
     want = separate_reference(x, gate, up, bg, bu, None, counts, "swiglu_oai")
-    y = cutlass_moe.moe_gemm_gated(x, w, counts.cuda(), activation="swiglu_oai", bias=b, backend="moe")
+    y = cutlass_moe.moe_gemm_gated(x, w, counts.cuda(), activation="swiglu_oai", bias=b, backend=backend)
     check(y, want, counts, t)
     out = torch.full((t, inter), 7.0, device="cuda", dtype=torch.bfloat16)
-    cutlass_moe.moe_gemm_gated(x, w, counts.cuda(), activation="swiglu_oai", bias=b, backend="moe", out=out)
+    cutlass_moe.moe_gemm_gated(x, w, counts.cuda(), activation="swiglu_oai", bias=b, backend=backend, out=out)
     end = sum(stop - start for start, stop in expert_row_ranges(counts, t))
     check(out[:end], want[:end], counts, end)
     assert bool((out[end:] == 7.0).all()), "a given out keeps the rows no expert owns"

@@ -14,6 +14,7 @@
 #include <cutlass/device_kernel.h>
 
 #include "check.h"
+#include "fused_epilogue.hpp"
 #include "kernel_families.h"
 #include "launch_facts.h"
 #include "moe_tile_scheduler.hpp"
@@ -37,6 +38,23 @@ struct MoeGemmKernel {
   static constexpr int kTileK = Types::ThreadblockShape::kK;
   static constexpr int kThreadCount = GroupedKernel::kThreadCount;
   using Scheduler = MoeTileScheduler<kTileM>;
+  using Fused = FusedEpilogue<Element>;
+
+  // The warp-level accumulator layout (CUTLASS 2.x MmaTensorOp, mma.sync m16n8k16, accumulators
+  // not in row-major order): the fragment is MmaIterations (kRow x kColumn) 16x8 tiles, tile
+  // (m, n) at m + n kRow, each 4 values c0..c3 at rows lane / 4 (+8 for c2, c3) and columns
+  // 2 (lane % 4) (+1 for c1, c3) of the tile; warps are placed kM-major in the threadblock tile.
+  using WarpMma = typename Mma::Operator;
+  using WarpShape = typename WarpMma::Shape;
+  using InstructionShape = typename WarpMma::Policy::Operator::Shape;
+  static constexpr int kIterRows = WarpShape::kM / InstructionShape::kM;
+  static constexpr int kWarpsM = kTileM / WarpShape::kM;
+  static constexpr int kWarpsN = kTileN / WarpShape::kN;
+  static constexpr int kValues = Mma::FragmentC::kElements;
+  static constexpr int kPairs = kValues / 2;
+  static_assert(InstructionShape::kM == 16 && InstructionShape::kN == 8 &&
+                    kValues == kIterRows * (WarpShape::kN / InstructionShape::kN) * 4,
+                "the fused epilogue's fragment layout is mma.sync m16n8's");
 
   struct Arguments {
     int num_tokens;
@@ -54,6 +72,7 @@ struct MoeGemmKernel {
     bool counts_are_int64;
     typename EpilogueOutputOp::Params output_op;
     int threadblock_count;  // persistent CTAs
+    Fused fused;
   };
 
   struct Params {
@@ -71,6 +90,7 @@ struct MoeGemmKernel {
     int n;
     int k;
     int threadblock_count;
+    Fused fused;
 
     Params() = default;
     explicit Params(Arguments const& args)
@@ -88,7 +108,8 @@ struct MoeGemmKernel {
           ldd(args.ldd),
           n(args.n),
           k(args.k),
-          threadblock_count(args.threadblock_count) {}
+          threadblock_count(args.threadblock_count),
+          fused(args.fused) {}
   };
 
   union SharedStorage {
@@ -141,17 +162,54 @@ struct MoeGemmKernel {
                                          {0, threadblock_offset.n()});
       typename Mma::FragmentC accumulators;
       accumulators.clear();
+      const auto coords = [&](int i) { return fragment_coord(i, warp_idx, lane_idx); };
+      typename Fused::template Operands<kPairs> fused;
+      if (params.fused.enabled) fused = params.fused.template load<kPairs>(coords, tile.row_start + threadblock_offset.m());
 
       __syncthreads();  // the previous tile's epilogue is done with shared memory
       Mma mma(shared_storage.main_loop, thread_idx, warp_idx, lane_idx);
       mma(gemm_k_iterations, accumulators, iterator_A, iterator_B, accumulators);
 
       Element* ptr_D = params.ptr_D + int64_t(tile.row_start) * params.ldd;
+      if (params.fused.enabled) {
+        auto accum = [&](int i) -> float& { return accumulators[i]; };
+        params.fused.apply(accum, coords, fused, tile.expert, threadblock_offset.n());
+        if (params.fused.gated) {
+          store_gated(params, accumulators, coords, ptr_D, tile.rows - threadblock_offset.m(), threadblock_offset);
+          continue;
+        }
+      }
       typename Epilogue::OutputTileIterator iterator_D(params.params_D, ptr_D, problem_size.mn(), thread_idx,
                                                        threadblock_offset.mn());
       EpilogueOutputOp output_op(params.output_op);
       Epilogue epilogue(shared_storage.epilogue, thread_idx, warp_idx, lane_idx);
       epilogue(output_op, iterator_D, accumulators, iterator_D);  // source unused (alpha-only op)
+    }
+  }
+
+ private:
+  // Value i of the thread's accumulators: its (row, column) in the threadblock tile.
+  CUTLASS_DEVICE static cute::tuple<int, int> fragment_coord(int i, int warp_idx, int lane_idx) {
+    const int warp_mn = warp_idx % (kWarpsM * kWarpsN);
+    const int mma_tile = i / 4, value = i % 4;
+    const int row = (warp_mn % kWarpsM) * WarpShape::kM + (mma_tile % kIterRows) * 16 + lane_idx / 4 + (value / 2) * 8;
+    const int col = (warp_mn / kWarpsM) * WarpShape::kN + (mma_tile / kIterRows) * 8 + (lane_idx % 4) * 2 + value % 2;
+    return cute::make_tuple(row, col);
+  }
+
+  // A gated tile: each (gate, up) pair's output, in its first value, to out's column col / 2 (out
+  // has N / 2 columns; ptr_D: the expert's first row), for the tile's rows < rows_left.
+  template <class Coords>
+  CUTLASS_DEVICE static void store_gated(Params const& params, typename Mma::FragmentC const& accumulators,
+                                         Coords const& coords, Element* ptr_D, int rows_left,
+                                         cutlass::gemm::GemmCoord const& offset) {
+    CUTLASS_PRAGMA_UNROLL
+    for (int p = 0; p < kPairs; ++p) {
+      const auto c = coords(2 * p);
+      const int row = cute::get<0>(c), col = offset.n() + cute::get<1>(c);
+      if (row < rows_left && col < params.n) {
+        ptr_D[int64_t(offset.m() + row) * params.ldd + col / 2] = Element(accumulators[2 * p]);
+      }
     }
   }
 };
@@ -180,7 +238,10 @@ void MoeGemmInstance<kDType, kLayout, kConfig>::run(const MoeGemmProblem& p, voi
                                   static_cast<Element*>(p.out), p.ldout,
                                   p.tokens_per_expert, p.count_type == IndexType::kInt64,
                                   typename Kernel::EpilogueOutputOp::Params(1.0f),
-                                  sm_count * ctas_per_sm};
+                                  sm_count * ctas_per_sm,
+                                  {static_cast<Element const*>(p.bias), p.bias_stride, p.row_scale,
+                                   static_cast<int>(p.activation), static_cast<int>(p.num_tokens),
+                                   static_cast<int>(p.n), has_fused_epilogue(p), p.gated, p.alpha, p.limit}};
   const cutlass::Status status = Kernel::can_implement(args);
   CUTLASS_MOE_CHECK(status == cutlass::Status::kSuccess, Status::kInvalidArgument,
                     "the sm80 MoE kernel cannot take this problem: " << cutlassGetStatusString(status));

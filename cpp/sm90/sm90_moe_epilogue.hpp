@@ -24,7 +24,7 @@
 //                       past the expert's last row (a partial tile) are visited too and their
 //                       values never stored: a fusion that reads per-row data must bound the row.
 // These epilogues implement kOutputsPerPair == 2 and kReadsOutput == false. The kernel's runtime
-// fused epilogue (FusedEpilogue in sm90_moe_kernel.hpp: bias, activation, row scale) works on the
+// fused epilogue (FusedEpilogue in fused_epilogue.hpp: bias, activation, row scale) works on the
 // accumulators before store(); when it is gated, it leaves each (gate, up) pair's output in the
 // pair's first value, and store() writes those alone (Params::gated, out with N/2 columns).
 #pragma once

@@ -29,111 +29,13 @@
 #include <cutlass/kernel_hardware_info.h>
 #include <cutlass/pipeline/pipeline.hpp>
 
-#include "activations.hpp"
+#include "fused_epilogue.hpp"
 #include "moe_tile_scheduler.hpp"
 #include "sm90/sm90_common.cuh"
 #include "sm90/sm90_moe_descriptors.hpp"
 #include "sm90/sm90_moe_epilogue.hpp"
 
 namespace cutlass_moe::sm90 {
-
-// The fused epilogue, out = row_scale[row] * act(acc + bias[e][col]) (gated: act(gate + bias) *
-// (up + bias) from the accumulator pair (gate, up), into the pair's first value), applied to a
-// tile's accumulators before the epilogue stores them. A launch without it pays one uniform branch
-// per tile: the per-element work sits in its own unrolled loops, one per activation (a fragment
-// indexed at run time would live in local memory), never in the epilogue's store loops (a
-// per-element switch there once made every call 1.36x slower, benchmarks/NOTES.md).
-//
-// Its per-row and per-column reads are unconditional (indices clamped into the tensors; the rows
-// and columns past T and N belong to a partial tile and are never stored), so that the repeats in
-// the unrolled loops (a thread's 128 values share 2 rows and 32 column pairs) have the same address
-// in one basic block and fold into one load each: conditional loads did not fold, and their
-// per-value loads cost ~7% of a prefill GEMM. The row scales are loaded before the tile's mainloop
-// (load), hiding their latency; the bias after it (32 more registers across the mainloop spill).
-template <class Element>
-struct FusedEpilogue {
-  const Element* bias;  // E x N, row stride bias_stride (even, 4-byte aligned); null: none
-  int64_t bias_stride;
-  const float* row_scale;  // T factors; null: none
-  int activation;          // Activation
-  int num_tokens;
-  int n;
-  bool enabled;  // any part, gated included
-  bool gated;    // columns (2j, 2j + 1) are (gate, up): the epilogue stores N/2 columns
-  float alpha;   // Activation::kSwigluOai
-  float limit;
-
-  template <int kPairs>
-  struct Operands {
-    float scale[kPairs];  // of each accumulator pair's row
-  };
-
-  // coords: the thread's fragment coordinates (row, column) in the tile whose first row of out is
-  // `first_row`.
-  template <int kPairs, class Coords>
-  CUTLASS_DEVICE Operands<kPairs> load(Coords const& coords, int first_row) const {
-    using namespace cute;
-    Operands<kPairs> operands;
-    if (row_scale != nullptr) {
-      CUTLASS_PRAGMA_UNROLL
-      for (int p = 0; p < kPairs; ++p) {
-        operands.scale[p] = row_scale[min(first_row + int(get<0>(coords(2 * p))), num_tokens - 1)];
-      }
-    }
-    return operands;
-  }
-
-  // accum: the thread's fragment, of 2 kPairs values in (even column, odd column) pairs, the tile's
-  // expert `expert`, its first column `first_col`.
-  template <class Accumulators, class Coords, int kPairs>
-  CUTLASS_DEVICE void apply(Accumulators& accum, Coords const& coords, Operands<kPairs> const& operands, int expert,
-                            int first_col) const {
-    using namespace cute;
-    static_assert(decltype(size(accum))::value == 2 * kPairs);
-    if (bias != nullptr) {
-      const Element* bias_row = bias + int64_t(expert) * bias_stride;
-      CUTLASS_PRAGMA_UNROLL
-      for (int p = 0; p < kPairs; ++p) {
-        const int col = min(first_col + int(get<1>(coords(2 * p))), n - 2);  // even: a 4-byte pair
-        const auto pair = *reinterpret_cast<cutlass::Array<Element, 2> const*>(bias_row + col);
-        accum(2 * p) += float(pair[0]);
-        accum(2 * p + 1) += float(pair[1]);
-      }
-    }
-    switch (static_cast<Activation>(activation)) {
-      case Activation::kRelu: activate<Activation::kRelu>(accum); break;
-      case Activation::kGeluTanh: activate<Activation::kGeluTanh>(accum); break;
-      case Activation::kGelu: activate<Activation::kGelu>(accum); break;
-      case Activation::kSilu: activate<Activation::kSilu>(accum); break;
-      case Activation::kSwigluOai:  // gated only (checked on the host)
-        CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < cute::size(accum); i += 2) accum(i) = swiglu_oai(accum(i), accum(i + 1), alpha, limit);
-        break;
-      default: activate<Activation::kNone>(accum); break;
-    }
-    if (row_scale != nullptr) {
-      CUTLASS_PRAGMA_UNROLL
-      for (int p = 0; p < kPairs; ++p) {
-        accum(2 * p) *= operands.scale[p];
-        accum(2 * p + 1) *= operands.scale[p];
-      }
-    }
-  }
-
- private:
-  // act on every value, or (gated) act(gate) * up on every (gate, up) pair. The accumulator pairs
-  // are (i, i + 1), i even: two adjacent columns, the first even.
-  template <Activation kActivation, class Accumulators>
-  CUTLASS_DEVICE void activate(Accumulators& accum) const {
-    if (gated) {
-      CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < cute::size(accum); i += 2) accum(i) = cutlass_moe::activate<kActivation>(accum(i)) * accum(i + 1);
-    } else if constexpr (kActivation != Activation::kNone) {
-      CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < cute::size(accum); ++i) accum(i) = cutlass_moe::activate<kActivation>(accum(i));
-    }
-  }
-};
 
 // Element: x, weights and out. LayoutB: weights[e] as a K x N matrix. Config: tile shape and
 // schedule (sm90_configs.cuh). Fusion: what the epilogue applies (sm90_moe_epilogue.hpp).

@@ -133,7 +133,7 @@ struct MoeGemmProblem {
   const void* tokens_per_expert = nullptr;  // E counts on the device, count_type
 
   // Fused epilogue, out[row] = row_scale[row] * activation(x[row] . W_e + bias[e]), each part off by
-  // default. Only the sm90 moe family runs it (run_moe_gemm rejects it elsewhere).
+  // default. The MoE families (kMoe, kSm80Moe) run it (run_moe_gemm rejects it elsewhere).
   const void* bias = nullptr;         // E x N of dtype, row stride bias_stride; null: no bias
   int64_t bias_stride = 0;
   const float* row_scale = nullptr;   // T fp32 factors; null: none

@@ -3,8 +3,8 @@
 :func:`interleave_gate_up`.
 
 Where they run:
-  - in the sm90 ``moe`` family's kernel, on the fp32 accumulators (``FusedEpilogue`` in
-    cpp/sm90/sm90_moe_kernel.hpp), when the call records no gradient: eager calls, and
+  - in the MoE families' kernels (sm90 ``moe``, sm80 ``sm80_moe``), on the fp32 accumulators
+    (``FusedEpilogue`` in cpp/fused_epilogue.hpp), when the call records no gradient: eager calls, and
     torch.compile through the custom op ``torch.ops.cutlass_moe.moe_gemm_fused``;
   - otherwise (a gradient is recorded, the CPU, another family) as the composite: the plain GEMM
     through :func:`moe_gemm` (differentiable; its registered op under torch.compile), then the
@@ -180,7 +180,7 @@ def _apply_epilogue(y: torch.Tensor, tokens_per_expert: torch.Tensor, fused: Fus
 
 
 def _runs_fused_kernel(x, weights, trans_b, backend, config, fused: FusedArgs, num_tokens: Optional[int] = None) -> bool:
-    """Whether the fused kernel takes the call: the plan resolves to the sm90 moe family, a gated N
+    """Whether the fused kernel takes the call: the plan resolves to a MoE family, a gated N
     is a multiple of 16 (N/2 output columns in 16-byte vectors), and the bias can be read in
     column pairs (4-byte aligned rows). num_tokens: T where x is not (T, K) (grouped_mlp's (B, G, K))."""
     k = x.shape[-1]
@@ -195,7 +195,7 @@ def _runs_fused_kernel(x, weights, trans_b, backend, config, fused: FusedArgs, n
     layout = _weight_layout(weights, trans_b)[0]
     plan = _plan(_DTYPES[x.dtype], layout, num_tokens, num_experts, n, k, _BACKENDS[backend], _CONFIGS[config],
                  x.device.index)
-    return plan.backend == "moe"
+    return plan.backend in ("moe", "sm80_moe")
 
 
 def _run_fused(x, weights, tokens_per_expert, trans_b, out, backend, config, fused: FusedArgs) -> torch.Tensor:
@@ -282,7 +282,7 @@ def moe_gemm_gated(
     Returns:
         (T, N/2) of x's dtype; rows no expert owns are zeros (in a new output).
 
-    Where it runs: the sm90 ``moe`` kernel's epilogue when no gradient is recorded; otherwise the
+    Where it runs: the MoE kernels' epilogue (``moe``, ``sm80_moe``) when no gradient is recorded; otherwise the
     plain GEMM, then the activation as torch operations, differentiable in x, weights, bias and
     row_scale (see ``cutlass_moe.fused``).
 

@@ -182,7 +182,7 @@ def _check_out(out, x, shape: Tuple[int, int]) -> None:
 
 def _moe_gemm_impl(x, weights, tokens_per_expert, trans_b, out, backend, config, fused=None) -> torch.Tensor:
     """Runs the op on checked arguments. A new output (out=None) is fully defined: the rows no
-    expert owns are zeros. A given out keeps those rows as they were. fused: the sm90 moe family's
+    expert owns are zeros. A given out keeps those rows as they were. fused: the MoE families'
     fused epilogue (fused.FusedArgs; a gated one writes N/2 columns), or None."""
     num_tokens, k = x.shape
     num_experts = weights.shape[0]
@@ -348,11 +348,12 @@ def moe_gemm(
             after the bias.
         row_scale: optional (T,) float32 tensor multiplying each output row last (the router
             weight of the down projection).
-            The three run in the epilogue of the sm90 ``moe`` family, in fp32 from the
-            accumulators, when the call needs no gradient. Otherwise (a gradient is recorded,
-            torch.compile, the CPU, another family) they run as torch operations on the GEMM's
-            output (rounded to x's dtype first), differentiable in every tensor argument; that
-            path's bias gradient gathers with atomics, so it is not bitwise reproducible.
+            The three run in the epilogue of the MoE families (``moe``, ``sm80_moe``), in fp32
+            from the accumulators, when the call records no gradient (under torch.compile too,
+            as ``torch.ops.cutlass_moe.moe_gemm_fused``). Otherwise (a gradient is recorded, the
+            CPU, a grouped family) they run as torch operations on the GEMM's output (rounded to
+            x's dtype first), differentiable in every tensor argument; the bias gradient is
+            deterministic (cutlass_moe.fused). The gated form is :func:`cutlass_moe.moe_gemm_gated`.
 
     Returns:
         (T, N) tensor of x's dtype. Expert e owns rows ``[start_e, start_e + count_e)`` where the

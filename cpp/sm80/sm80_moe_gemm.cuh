@@ -164,7 +164,10 @@ struct MoeGemmKernel {
       accumulators.clear();
       const auto coords = [&](int i) { return fragment_coord(i, warp_idx, lane_idx); };
       typename Fused::template Operands<kPairs> fused;
-      if (params.fused.enabled) fused = params.fused.template load<kPairs>(coords, tile.row_start + threadblock_offset.m());
+      if (params.fused.enabled) {
+        fused = params.fused.template load<kPairs>(coords, tile.expert, tile.row_start + threadblock_offset.m(),
+                                                   threadblock_offset.n());
+      }
 
       __syncthreads();  // the previous tile's epilogue is done with shared memory
       Mma mma(shared_storage.main_loop, thread_idx, warp_idx, lane_idx);

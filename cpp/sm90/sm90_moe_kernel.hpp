@@ -177,7 +177,8 @@ class MoeGemmKernel {
         make_identity_tensor(make_shape(Int<kTileM>{}, Int<kTileN>{})));
   }
   CUTLASS_DEVICE static FusedOperands load_fused(Fused const& fused, MoeTile const& tile, int mma_thread) {
-    return fused.template load<kPairs>(fragment_coords(mma_thread), tile.row_start + tile.m_tile * kTileM);
+    return fused.template load<kPairs>(fragment_coords(mma_thread), tile.expert, tile.row_start + tile.m_tile * kTileM,
+                                       tile.n_tile * kTileN);
   }
   template <class Accumulators>
   CUTLASS_DEVICE static void apply_fused(Fused const& fused, Accumulators& accum, FusedOperands const& operands,

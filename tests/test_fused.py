@@ -135,10 +135,12 @@ def test_gpu_fused_kernel_splits_and_out(backend, kind):
 
 def check_grads(leaves, ref_leaves, counts, num_tokens, activation):
     """Gradients against the float32 reference's, per expert: the rows of dx and d row_scale each
-    expert owns, each expert's dW and d bias; rows no expert owns get dx = 0. The kinks of relu and
-    of swiglu_oai's clamps make half-precision gradients move where rounding puts a pre-activation
-    on the other side (measured up to 3.5e-2 against the float32 reference): judged at 5e-2."""
-    rel = 5e-2 if activation in ("relu", "swiglu_oai") else 2e-2
+    expert owns, each expert's dW and d bias; rows no expert owns get dx = 0. relu's kink makes
+    half-precision gradients move where rounding puts a pre-activation on its other side: judged
+    at 5e-2. (swiglu_oai's clamps do the same: the tests keep its pre-activations inside the limit
+    here, and test_gpu_gated_activation_kernels_match_torch checks its clamped gradients on the
+    same rounded inputs.)"""
+    rel = 5e-2 if activation == "relu" else 2e-2
     ranges = expert_row_ranges(counts, num_tokens)
     for name, got, want in zip(("x", "weights", "bias", "row_scale"), leaves, ref_leaves):
         if got is None:
@@ -358,9 +360,9 @@ def test_gpu_gated_gradients(dtype, trans_b, activation, with_bias):
     ref_leaves = [v.detach().float().cpu().requires_grad_() if v is not None else None for v in tensors]
     dy = torch.randn(t, inter, device="cuda", dtype=dtype)
     cutlass_moe.moe_gemm_gated(leaves[0], leaves[1], counts.cuda(), activation=activation, trans_b=trans_b,
-                               bias=leaves[2], row_scale=leaves[3], limit=3.0).backward(dy)
+                               bias=leaves[2], row_scale=leaves[3], limit=7.0).backward(dy)
     moe_gemm_reference(ref_leaves[0], ref_leaves[1], counts, trans_b=trans_b, bias=ref_leaves[2],
-                       activation=activation, row_scale=ref_leaves[3], gated=True, limit=3.0).backward(dy.float().cpu())
+                       activation=activation, row_scale=ref_leaves[3], gated=True, limit=7.0).backward(dy.float().cpu())
     check_grads(leaves, ref_leaves, counts, t, activation)
 
 

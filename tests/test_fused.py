@@ -168,7 +168,7 @@ def test_gpu_gradients_through_the_composite_path(dtype, trans_b, activation):
     counts[-1] += t - 5 - int(counts.sum())
     leaves = [v.clone().requires_grad_() for v in (x, w, bias, scale)]
     ref_leaves = [v.detach().float().cpu().requires_grad_() for v in (x, w, bias, scale)]
-    dy = torch.randn(t, n, device="cuda", dtype=dtype)
+    dy = torch.randn(t, n, generator=torch.Generator().manual_seed(17)).to("cuda", dtype)
     moe_gemm(leaves[0], leaves[1], counts.cuda(), trans_b=trans_b, bias=leaves[2], activation=activation,
              row_scale=leaves[3]).backward(dy)
     moe_gemm_reference(ref_leaves[0], ref_leaves[1], counts, trans_b=trans_b, bias=ref_leaves[2],
@@ -358,7 +358,7 @@ def test_gpu_gated_gradients(dtype, trans_b, activation, with_bias):
     tensors = (x, w, b, scale) if with_bias else (x, w, None, None)
     leaves = [v.clone().requires_grad_() if v is not None else None for v in tensors]
     ref_leaves = [v.detach().float().cpu().requires_grad_() if v is not None else None for v in tensors]
-    dy = torch.randn(t, inter, device="cuda", dtype=dtype)
+    dy = torch.randn(t, inter, generator=torch.Generator().manual_seed(16)).to("cuda", dtype)
     cutlass_moe.moe_gemm_gated(leaves[0], leaves[1], counts.cuda(), activation=activation, trans_b=trans_b,
                                bias=leaves[2], row_scale=leaves[3], limit=7.0).backward(dy)
     moe_gemm_reference(ref_leaves[0], ref_leaves[1], counts, trans_b=trans_b, bias=ref_leaves[2],

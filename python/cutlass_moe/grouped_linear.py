@@ -38,7 +38,7 @@ What torch does with such views (measured with torch 2.13 on the CPU; on the GPU
 :class:`GroupedMLP` computes ``down(act(gate(x)) * up(x))`` per group with gate and up in one
 (G, K, 2H) weight, interleaved column by column (gate's column j at column 2j, up's at 2j + 1, the
 layout of :func:`cutlass_moe.moe_gemm_gated`). Where our fused gated kernel runs (a CUDA device
-whose sm90 ``moe`` family takes the shapes), the gate/up projection and the activation are that one
+whose MoE family, sm90 ``moe`` or ``sm80_moe``, takes the shapes), the gate/up projection and the activation are that one
 kernel, over x's rows copied group-major once (a (G * B, K) copy of x, against a (B, G, 2H) GEMM
 output and its elementwise passes saved); the down projection is :func:`grouped_linear`. Elsewhere
 (the CPU, other GPUs, ``fused=False``) and wherever a gradient is recorded, it is a GEMM, then
@@ -329,7 +329,7 @@ class GroupedLinear(nn.Module):
 
 def _gated_kernel_takes(x: torch.Tensor, gate_up_weight: torch.Tensor, gate_up_bias, activation: str) -> bool:
     """Whether moe_gemm_gated's fused kernel takes the gate/up projection of x (B, G, K): a CUDA
-    tensor, sizes and strides its TMA descriptors take, and the sm90 moe family for the shapes."""
+    tensor, sizes and strides its kernels take, and a MoE family (moe, sm80_moe) for the shapes."""
     batch, groups, k = x.shape
     w = gate_up_weight
     if not (x.is_cuda and x.dtype in (torch.float16, torch.bfloat16) and batch * groups > 0):

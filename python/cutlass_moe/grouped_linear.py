@@ -38,10 +38,11 @@ What torch does with such views (measured with torch 2.13 on the CPU; on the GPU
 :class:`GroupedMLP` computes ``down(act(gate(x)) * up(x))`` per group with gate and up in one
 (G, K, 2H) weight, interleaved column by column (gate's column j at column 2j, up's at 2j + 1, the
 layout of :func:`cutlass_moe.moe_gemm_gated`). Where our fused gated kernel runs (a CUDA device
-whose MoE family, sm90 ``moe`` or ``sm80_moe``, takes the shapes), the gate/up projection and the activation are that one
-kernel, over x's rows copied group-major once (a (G * B, K) copy of x, against a (B, G, 2H) GEMM
-output and its elementwise passes saved); the down projection is :func:`grouped_linear`. Elsewhere
-(the CPU, other GPUs, ``fused=False``) and wherever a gradient is recorded, it is a GEMM, then
+whose MoE family, sm90 ``moe`` or ``sm80_moe``, takes the shapes), the gate/up projection and the
+activation are that one kernel, over x's rows copied group-major once (a (G * B, K) copy of x,
+against a (B, G, 2H) GEMM output and its elementwise passes saved); the down projection is
+:func:`grouped_linear`. Elsewhere (the CPU, ``fused=False``) and wherever a gradient is recorded,
+it is a GEMM, then
 :func:`gated_activation` (in float32, rounded once: on the GPU one kernel each way, elsewhere torch
 operations, which Inductor fuses under torch.compile).
 """

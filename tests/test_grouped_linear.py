@@ -480,3 +480,24 @@ def test_grouped_mlp_functional_matches_module_cuda():
         want = mlp(x)
         got = grouped_mlp(x, mlp.gate_up_weight, mlp.down_weight, mlp.gate_up_bias, mlp.down_bias)
     assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("module", ["linear", "mlp"])
+def test_autocast_cpu(module):
+    # Under torch.autocast the modules compute in the autocast dtype from fp32 parameters, whose
+    # gradients stay fp32, as nn.Linear does.
+    torch.manual_seed(21)
+    b, g, k, n = 6, 3, 16, 8
+    x = torch.randn(b, g, k, requires_grad=True)
+    layer = GroupedLinear(g, k, n) if module == "linear" else GroupedMLP(g, k, 12, n, bias=True)
+    with torch.autocast("cpu", dtype=BF16):
+        y = layer(x)
+    assert y.dtype == BF16
+    y.float().sum().backward()
+    assert x.grad is not None and x.grad.dtype == FP32
+    for p in layer.parameters():
+        assert p.grad is not None and p.grad.dtype == FP32
+    with torch.no_grad():
+        want = layer(x.detach())  # fp32
+    err = float((y.detach().float() - want).norm() / want.norm())
+    assert err < REL[BF16], f"autocast output: relative error {err:.2e} against fp32"

@@ -63,6 +63,17 @@ GATED_MLP_ACTIVATIONS = ("silu", "gelu", "gelu_tanh", "relu")  # gelu: the erf f
 
 # ---- grouped_linear ------------------------------------------------------------------------------
 
+def _autocast(*tensors):
+    """Under torch.autocast for the tensors' device, floating tensors in the autocast dtype (as
+    nn.Linear's matmul gets them; the casts are differentiable, so fp32 parameters get fp32
+    gradients); otherwise the tensors unchanged."""
+    first = tensors[0]
+    if not isinstance(first, torch.Tensor) or not torch.is_autocast_enabled(first.device.type):
+        return tensors
+    dtype = torch.get_autocast_dtype(first.device.type)
+    return tuple(t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in tensors)
+
+
 def _check_grouped_linear(x, weight, bias, out) -> torch.Tensor:
     """Everything a user can get wrong that is visible without reading data; returns x as (B, G, K)."""
     if not isinstance(x, torch.Tensor):
@@ -202,6 +213,9 @@ def grouped_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.T
         (B, G, N), always 3-D: a new contiguous tensor, or ``out``. Products accumulate as
         torch's batched matmul does (float32 for float16/bfloat16 on the GPU).
 
+    Under ``torch.autocast`` (x's device type) x, weight and bias are cast to the autocast dtype
+    first, as ``nn.Linear``'s are (not with ``out``).
+
     Autograd: differentiable in x, weight and bias (``torch.ops.cutlass_moe.grouped_linear`` under
     torch.compile): ``dx[b, g] = dy[b, g] @ weight[g]^T`` (this function with the weight's
     transposed view), ``dweight[g] = x[:, g]^T @ dy[:, g]`` (one bmm, in the weight's layout) and
@@ -224,6 +238,8 @@ def grouped_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.T
         >>> bool(torch.equal(grouped_linear(x.reshape(18, 16), w, b), y))  # the (B * G, K) form
         True
     """
+    if out is None:
+        x, weight, bias = _autocast(x, weight, bias)
     x = _check_grouped_linear(x, weight, bias, out)
     if out is not None:
         if _records_graph(x, weight, bias):
@@ -357,6 +373,8 @@ def grouped_mlp(x: torch.Tensor, gate_up_weight: torch.Tensor, down_weight: torc
     kernel where it runs (module docstring); else :func:`grouped_linear` then
     :func:`gated_activation`. The down projection is :func:`grouped_linear` either way."""
     _check_activation(activation)
+    x, gate_up_weight, down_weight, gate_up_bias, down_bias = _autocast(x, gate_up_weight, down_weight, gate_up_bias,
+                                                                       down_bias)
     if down_weight.dim() == 3 and gate_up_weight.dim() == 3 and down_weight.shape[1] * 2 != gate_up_weight.shape[2]:
         raise ValueError(f"down_weight: expected (G, H, N) with H = {gate_up_weight.shape[2] // 2} (half of "
                          f"gate_up_weight's {gate_up_weight.shape[2]} columns), got {tuple(down_weight.shape)}")

@@ -175,20 +175,26 @@ def assert_only_bias_fill(ops, shape, bias):
     assert copies in (allowed, []), copies
 
 
-@pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
-def test_no_copies_cpu(bias):
-    # float32 on the CPU runs bmm on the strided views without any copy (bfloat16's CPU kernel
-    # copies a strided input itself, torch.bmm alone too; the CUDA test below checks bf16/fp16).
-    # The one copy allowed: baddbmm writing the broadcast bias into the output.
-    b, g, k, n = 6, 3, 8, 5
-    x, w, bb = make(b, g, k, n, FP32, bias=bias)
-    forward = _aten_ops(lambda: grouped_linear(x, w, bb))
-    assert_only_bias_fill(forward, (b, g, n), bias)
+def check_no_copies(shape, dtype, device, bias):
+    """grouped_linear forward (no copy but the bias fill) and backward (no copy) on (B, G, K, N);
+    returns the backward's aten ops."""
+    b, g, k, n = shape
+    x, w, bb = make(b, g, k, n, dtype, device, bias)
+    assert_only_bias_fill(_aten_ops(lambda: grouped_linear(x, w, bb)), (b, g, n), bias)
     xl, wl, bl = leaves(x, w, bb)
     y = grouped_linear(xl, wl, bl)
     dy = torch.randn_like(y)
     backward = _aten_ops(lambda: y.backward(dy))
     assert [op for op in backward if op[0] in COPIES] == [], backward
+    return backward
+
+
+@pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
+def test_no_copies_cpu(bias):
+    # float32 on the CPU runs bmm on the strided views without any copy (bfloat16's CPU kernel
+    # copies a strided input itself, torch.bmm alone too; the CUDA test below checks bf16/fp16).
+    # The one copy allowed: baddbmm writing the broadcast bias into the output.
+    backward = check_no_copies((6, 3, 8, 5), FP32, "cpu", bias)
     assert sum(op[0] == "aten::bmm" for op in backward) == 2  # dgrad and wgrad
 
 
@@ -404,15 +410,7 @@ def test_grouped_linear_cuda(dtype, form, bias, shape):
 def test_no_copies_cuda(dtype, bias):
     # cuBLAS takes the strided views as they are: no copy in or out, forward or backward, apart
     # from baddbmm writing the broadcast bias into the output.
-    b, g, k, n = 64, 12, 128, 256
-    x, w, bb = make(b, g, k, n, dtype, "cuda", bias)
-    forward = _aten_ops(lambda: grouped_linear(x, w, bb))
-    assert_only_bias_fill(forward, (b, g, n), bias)
-    xl, wl, bl = leaves(x, w, bb)
-    y = grouped_linear(xl, wl, bl)
-    dy = torch.randn_like(y)
-    backward = _aten_ops(lambda: y.backward(dy))
-    assert [op for op in backward if op[0] in COPIES] == [], backward
+    check_no_copies((64, 12, 128, 256), dtype, "cuda", bias)
 
 
 @requires_cuda

@@ -168,10 +168,7 @@ def _apply_epilogue(y: torch.Tensor, tokens_per_expert: torch.Tensor, fused: Fus
     if fused.bias is not None:
         h = h + _ExpertBias.apply(fused.bias, tokens_per_expert, num_tokens, compute)
     if fused.gated:
-        # unbind, not h[:, 0::2] and h[:, 1::2]: its backward is one stack, where the two strided
-        # slices' would each zero-fill a (T, N) gradient and copy into it.
-        gate, up = h.unflatten(1, (-1, 2)).unbind(-1)
-        h = gated_activation(gate, up, fused.activation, fused.alpha, fused.limit)
+        h = gated_activation_of(h, fused.activation, fused.alpha, fused.limit)  # h is fp32: torch operations
     else:
         h = ACTIVATIONS[fused.activation](h)
     if fused.row_scale is not None:

@@ -78,6 +78,8 @@ def main():
     parser.add_argument("--only", default=None, help="comma-separated shape names")
     parser.add_argument("--profile", action="store_true",
                         help="also print the top GPU kernels of one training step of each MLP (torch.profiler)")
+    parser.add_argument("--fused-config", default=None,
+                        help="also time the two fused ops with this config forced (e.g. sm90_pingpong_64x256x64_1x1x1)")
     args = parser.parse_args()
     print(f"mlp_bench on {torch.cuda.get_device_name()}, torch {torch.__version__}, bf16, rounds {args.rounds}")
     head = (f"{'shape':<22} {'plain gu':>9} {'gated':>8} {'g/p':>6} {'plain dn':>9} {'down+':>8} {'d/p':>6} "
@@ -146,6 +148,12 @@ def main():
                 "fused": lambda: fused_mlp(x, w_gu, w_down, b_gu, b_down, probs),
                 "torch": lambda: torch_mlp(x, w_cat, w_down, b_cat, b_down, probs),
             }
+            if args.fused_config:
+                cfg = args.fused_config
+                runners["gated_cfg"] = lambda: cutlass_moe.moe_gemm_gated(x, w_gu, counts, activation=act, bias=b_gu,
+                                                                          config=cfg)
+                runners["down_cfg"] = lambda: cutlass_moe.moe_gemm(h, w_down, counts, bias=b_down, row_scale=probs,
+                                                                   config=cfg)
             ours, theirs, unf = runners["fused"](), runners["torch"](), runners["unfused"]()
             end = int(offs[-1])
             ref = theirs[:end].float()
@@ -159,6 +167,10 @@ def main():
         print(f"{name:<22} {med['plain_gu']:9.3f} {med['gated']:8.3f} {r['gp']:6.3f} {med['plain_down']:9.3f} "
               f"{med['down']:8.3f} {r['dp']:6.3f} {med['unfused']:8.3f} {med['fused']:8.3f} {r['uf']:6.2f} "
               f"{med['torch']:8.3f} {r['tf']:6.2f}", flush=True)
+        if args.fused_config:
+            print(f"{'':<22} with {args.fused_config}: gated {med['gated_cfg']:.3f} ms "
+                  f"({med['gated_cfg'] / med['plain_gu']:.3f} of plain), down+ {med['down_cfg']:.3f} ms "
+                  f"({med['down_cfg'] / med['plain_down']:.3f} of plain)", flush=True)
 
         if not args.no_train:
             dy = rnd(t, hidden)

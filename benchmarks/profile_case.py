@@ -5,6 +5,7 @@ To run:
   ncu --clock-control none --kernel-name regex:'moe_gemm_kernel|device_kernel' --launch-skip 2 \
       --launch-count 1 --metrics dram__bytes_read.sum,gpu__time_duration.sum \
       python benchmarks/profile_case.py --case dsv3-prefill --backend moe
+With --wgrad it runs the case's weight gradient instead, moe_gemm_wgrad(x, dy, counts) with dy (T, N).
 """
 import argparse
 
@@ -20,6 +21,7 @@ def main() -> None:
     parser.add_argument("--backend", default="auto")
     parser.add_argument("--config", default="auto")
     parser.add_argument("--calls", type=int, default=3)
+    parser.add_argument("--wgrad", action="store_true", help="run moe_gemm_wgrad on the case's shape instead")
     args = parser.parse_args()
     cases = bench.load_cases()
     counts = bench.case_counts(cases)[args.case]
@@ -28,6 +30,13 @@ def main() -> None:
     x = torch.randn(case["T"], case["K"], device="cuda", dtype=torch.bfloat16, generator=gen)
     w = torch.randn(case["E"], case["K"], case["N"], device="cuda", dtype=torch.bfloat16, generator=gen)
     counts = counts.to("cuda", torch.int32)
+    if args.wgrad:
+        dy = torch.randn(case["T"], case["N"], device="cuda", dtype=torch.bfloat16, generator=gen)
+        dw = torch.empty_like(w)
+        for _ in range(args.calls):
+            cutlass_moe.moe_gemm_wgrad(x, dy, counts, out=dw, backend=args.backend)
+        torch.cuda.synchronize()
+        return
     out = torch.empty(case["T"], case["N"], device="cuda", dtype=torch.bfloat16)
     for _ in range(args.calls):
         cutlass_moe.moe_gemm(x, w, counts, out=out, backend=args.backend, config=args.config)

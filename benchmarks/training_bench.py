@@ -12,6 +12,7 @@ trained with torch.compile, and host time per call, each against torch._grouped_
   host       host us per call (1000 back-to-back calls, then one synchronize) of moe_gemm,
              torch._grouped_mm and torch.mm on a tiny problem, and per weight tensor over a model's
              worth (48 layers x 3 projections), under torch.no_grad() and with grad.
+  hostparts  each step of the no-grad moe_gemm call timed alone (not in the default parts).
 
 The shapes are the public prefill cases' (qwen3-30b, dsv3, mixtral, gpt-oss), bf16, with their
 tokens_per_expert from cutlass_moe.bench. Times: triton.testing.do_bench medians (via bench._do_bench).
@@ -163,7 +164,25 @@ def torch_gemm(xs, w, counts):
     return torch._grouped_mm(xs, w, offs=torch.cumsum(counts, 0, dtype=torch.int32))
 
 
-def train(gemm, state, data, steps, mode):
+def profile_step(step_fn, opt, x, target, label):
+    """One compiled step under torch.profiler: host time by op, and the GPU's busy time."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                            torch.profiler.ProfilerActivity.CUDA]) as prof:
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        loss = torch.nn.functional.mse_loss(step_fn(x).float(), target)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - start
+    events = prof.key_averages()
+    gpu_us = sum(e.self_device_time_total for e in events)
+    print(f"--- {label}: step {wall * 1e3:.2f} ms under the profiler, GPU kernels {gpu_us / 1e3:.2f} ms")
+    print(events.table(sort_by="self_cpu_time_total", row_limit=12, max_name_column_width=60))
+
+
+def train(gemm, state, data, steps, mode, profile=False):
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[Block(32, 1024, 2048, 4, gemm) for _ in range(2)]).to("cuda", BF16)
     model.load_state_dict(state)
@@ -181,10 +200,12 @@ def train(gemm, state, data, steps, mode):
         torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
         losses.append(float(loss.detach()))
+    if profile:
+        profile_step(step_fn, opt, *data[0], f"{gemm.__name__}, mode={mode}")
     return losses, times
 
 
-def part_train(steps=50, warmup=10):
+def part_train(steps=50, warmup=10, profile=False):
     print("\ntraining: 2 MoE layers (32 experts, top-4, hidden 1024, inter 2048), 4096 tokens/step, bf16, AdamW, "
           f"torch.compile(fullgraph=True), {steps} steps")
     torch.manual_seed(0)
@@ -200,9 +221,9 @@ def part_train(steps=50, warmup=10):
     # (no host sync in either op, so the counts can change between replays).
     for mode in ("default", "reduce-overhead"):
         torch._dynamo.reset()
-        ours_losses, ours_times = train(ours_gemm, state, data, steps, mode)
+        ours_losses, ours_times = train(ours_gemm, state, data, steps, mode, profile and mode == "default")
         torch._dynamo.reset()
-        torch_losses, torch_times = train(torch_gemm, state, data, steps, mode)
+        torch_losses, torch_times = train(torch_gemm, state, data, steps, mode, profile and mode == "default")
         worst = max(abs(a - b) / abs(b) for a, b in zip(ours_losses, torch_losses))
         ours_ms = statistics.median(ours_times[warmup:]) * 1e3
         torch_ms = statistics.median(torch_times[warmup:]) * 1e3
@@ -247,9 +268,55 @@ def part_host():
             print(f"{label + ' loop':<14} {loop[0]:9.1f} {loop[1]:11.1f} {loop[2]:9.1f} {loop[0] / loop[2]:11.2f}")
 
 
+def part_host_breakdown():
+    """Where moe_gemm's host time goes: each step of the no-grad call timed alone (same problem as
+    part_host)."""
+    from cutlass_moe import ops
+    e, t, k, n = 8, 64, 128, 128
+    x = torch.randn(t, k, device="cuda", dtype=BF16)
+    w = torch.randn(e, k, n, device="cuda", dtype=BF16)
+    counts = torch.full((e,), t // e, device="cuda", dtype=torch.int32)
+    offs = torch.cumsum(counts, 0, dtype=torch.int32)
+    out = torch.empty(t, n, device="cuda", dtype=BF16)
+    b = torch.randn(k, n, device="cuda", dtype=BF16)
+    dtype, layout = ops._DTYPES[BF16], ops._LAYOUTS["kn"]
+    plan = ops._plan(dtype, layout, t, e, n, k, ops._BACKENDS["auto"], ops._CONFIGS["auto"], 0)
+    stream = ops._stream(0)
+    args = (plan, ops._COUNT_TYPES[torch.int32], x.data_ptr(), k, w.data_ptr(), n, k * n, out.data_ptr(), n,
+            counts.data_ptr(), 0, 0)
+    steps = {
+        "torch.mm": lambda: torch.mm(x, b),
+        "torch._grouped_mm": lambda: torch._grouped_mm(x, w, offs=offs),
+        "moe_gemm": lambda: cutlass_moe.moe_gemm(x, w, counts),
+        "_check_moe_gemm": lambda: ops._check_moe_gemm(x, w, counts, False, None, "auto", "auto"),
+        "_moe_gemm_impl": lambda: ops._moe_gemm_impl(x, w, counts, False, None, "auto", "auto"),
+        "torch.ops.cutlass_moe.moe_gemm.default": lambda: torch.ops.cutlass_moe.moe_gemm.default(
+            x, w, counts, False, "auto", "auto"),
+        "torch.ops.cutlass_moe.moe_gemm_wgrad.default": lambda: torch.ops.cutlass_moe.moe_gemm_wgrad.default(
+            x, out, counts, False, None, "auto", "auto"),
+        "moe_gemm_wgrad": lambda: cutlass_moe.moe_gemm_wgrad(x, out, counts),
+        "_C.run (one launch)": lambda: ops._C.run(*args, False, stream),
+        "_C.run + zero tail": lambda: ops._C.run(*args, True, stream),
+        "torch.empty": lambda: torch.empty(t, n, dtype=BF16, device=x.device),
+        "x.new_empty": lambda: x.new_empty((t, n)),
+        "_stream": lambda: ops._stream(0),
+        "_plan lookup": lambda: ops._plan(dtype, layout, t, e, n, k, 0, -1, 0),
+        "key (shape, stride, dtype, device) x3": lambda: (
+            x.shape, x.stride(), x.dtype, x.device, w.shape, w.stride(), w.dtype, w.device,
+            counts.shape, counts.dtype, counts.device),
+        "data_ptr x3": lambda: (x.data_ptr(), w.data_ptr(), counts.data_ptr()),
+    }
+    print(f"\nhost breakdown, us per call (E={e} T={t} K={k} N={n}, bf16, no_grad)")
+    with torch.no_grad():
+        for name, fn in steps.items():
+            print(f"  {name:<40} {per_call_us(fn, 3000):7.2f}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--parts", default="wgrad,fwdbwd,train,host")
+    parser.add_argument("--profile", action="store_true",
+                        help="train: also profile one compiled step of each (default mode)")
     args = parser.parse_args()
     parts = args.parts.split(",")
     cases = bench.load_cases()
@@ -260,9 +327,11 @@ def main():
     if "fwdbwd" in parts:
         part_fwdbwd(cases, counts_by_case)
     if "train" in parts:
-        part_train()
+        part_train(profile=args.profile)
     if "host" in parts:
         part_host()
+    if "hostparts" in parts:
+        part_host_breakdown()
 
 
 if __name__ == "__main__":

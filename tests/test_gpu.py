@@ -300,6 +300,32 @@ def test_misaligned_views_are_rejected():
         moe_gemm(x[:, :64], torch.randn(2, 64, 68, device="cuda", dtype=torch.bfloat16)[:, :, :64], counts)
 
 
+@requires_kernels
+def test_repeated_signature_still_checks_each_call():
+    """Eager calls check their arguments and resolve the plan once per signature (shapes, strides,
+    dtypes, devices, options: ops._resolved_call). A repeat with new data, counts and pointers must
+    still compute and zero the tail, and still reject what only the call shows: a misaligned pointer
+    (the core checks each call), CPU counts that sum past T, a trans_b of the wrong type."""
+    skip_unless_built("auto", torch.bfloat16, "kn")
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    w = torch.randn(4, 128, 64, device="cuda", dtype=torch.bfloat16, generator=gen)
+    for seed in range(3):
+        x = torch.randn(300, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+        counts = random_counts(4, 300 - 7 * seed, torch.Generator().manual_seed(seed), "random").cuda()
+        y = moe_gemm(x, w, counts)
+        check(y, x, w, counts, False)
+        assert (y[300 - 7 * seed:] == 0).all()
+    flat = torch.randn(300 * 128 + 8, device="cuda", dtype=torch.bfloat16, generator=gen)
+    moe_gemm(flat[:300 * 128].view(300, 128), w, counts)
+    with pytest.raises(ValueError, match="x: data pointer must be 16-byte aligned"):
+        moe_gemm(flat[1:300 * 128 + 1].view(300, 128), w, counts)
+    moe_gemm(x, w, counts.cpu())
+    with pytest.raises(ValueError, match="tokens_per_expert: counts sum to 301"):
+        moe_gemm(x, w, torch.tensor([301, 0, 0, 0]))
+    with pytest.raises(TypeError, match="trans_b: expected a bool"):
+        moe_gemm(x, w, counts, trans_b=0)
+
+
 @backends
 def test_non_default_stream(backend):
     skip_unless_built(backend, torch.bfloat16, "kn")

@@ -180,65 +180,122 @@ def _check_out(out, x, shape: Tuple[int, int]) -> None:
         raise ValueError(f"out: on {out.device}, expected x's device {x.device}")
 
 
-def _moe_gemm_impl(x, weights, tokens_per_expert, trans_b, out, backend, config, fused=None) -> torch.Tensor:
-    """Runs the op on checked arguments. A new output (out=None) is fully defined: the rows no
-    expert owns are zeros. A given out keeps those rows as they were. fused: the MoE families'
-    fused epilogue (fused.FusedArgs; a gated one writes N/2 columns), or None."""
-    num_tokens, k = x.shape
-    num_experts = weights.shape[0]
-    n = weights.shape[1] if trans_b else weights.shape[2]
-    owned_end = _check_host_counts(tokens_per_expert, num_tokens)
-    if x.device.type == "cpu":
-        if out is None:
-            return moe_gemm_reference(x, weights, tokens_per_expert, trans_b=trans_b).to(x.dtype)
-        return moe_gemm_reference(x, weights, tokens_per_expert, trans_b=trans_b, out=out)
-    # Python derives the layout and the strides; the C++ core checks them (sizes, 16-byte multiples,
-    # pointers) and raises ValueError naming the argument.
-    if k > 0 and x.stride(1) != 1:
-        raise ValueError(f"x: the last dimension must be contiguous, got strides {tuple(x.stride())}")
-    if out is not None and n > 0 and out.stride(1) != 1:
-        raise ValueError(f"out: the last dimension must be contiguous, got strides {tuple(out.stride())}")
-    if k > 0 and num_experts > 0 and n > 0:
-        layout, ldw = _weight_layout(weights, trans_b)
-    else:
-        layout, ldw = _LAYOUTS["nk" if trans_b else "kn"], n
-    device = x.device.index
-    dtype = _DTYPES[x.dtype]
-    plan = _plan(dtype, layout, num_tokens, num_experts, n, k, _BACKENDS[backend], _CONFIGS[config], device)
+class _Resolved:
+    """What a moe_gemm call's launch needs besides the data: the kernel plan, the layout and the
+    strides, resolved from the arguments' signature (shapes, strides, dtypes, devices, options).
+    Built once per signature on the eager path (see _resolved_call)."""
+
+    __slots__ = ("plan", "count_type", "host_counts", "num_tokens", "num_experts", "n", "out_cols", "ldx", "ldw",
+                 "expert_stride", "dtype", "device", "torch_device")
+
+    def __init__(self, x, weights, tokens_per_expert, trans_b, backend, config, gated=False):
+        num_tokens, k = x.shape
+        num_experts = weights.shape[0]
+        n = weights.shape[1] if trans_b else weights.shape[2]
+        # Python derives the layout and the strides; the C++ core checks them (sizes, 16-byte multiples,
+        # pointers) and raises ValueError naming the argument.
+        if k > 0 and x.stride(1) != 1:
+            raise ValueError(f"x: the last dimension must be contiguous, got strides {tuple(x.stride())}")
+        if k > 0 and num_experts > 0 and n > 0:
+            layout, self.ldw = _weight_layout(weights, trans_b)
+        else:
+            layout, self.ldw = _LAYOUTS["nk" if trans_b else "kn"], n
+        self.device = x.device.index
+        self.plan = _plan(_DTYPES[x.dtype], layout, num_tokens, num_experts, n, k, _BACKENDS[backend],
+                          _CONFIGS[config], self.device)
+        self.count_type = _COUNT_TYPES[tokens_per_expert.dtype]
+        self.host_counts = tokens_per_expert.device.type == "cpu"
+        self.num_tokens, self.num_experts, self.n = num_tokens, num_experts, n
+        self.out_cols = n // 2 if gated else n
+        self.ldx = x.stride(0) if num_tokens > 1 else k
+        self.expert_stride = weights.stride(0) if num_experts > 1 else 0
+        self.dtype, self.torch_device = x.dtype, x.device
+
+
+def _launch(r: _Resolved, x, weights, tokens_per_expert, out, fused=None) -> torch.Tensor:
+    """Runs a resolved call. A new output (out=None) is fully defined: the rows no expert owns are
+    zeros. A given out keeps those rows as they were. fused: the MoE families' fused epilogue
+    (fused.FusedArgs; a gated one writes N/2 columns), or None."""
+    num_tokens = r.num_tokens
+    owned_end = _check_host_counts(tokens_per_expert, num_tokens) if r.host_counts else None
     new_output = out is None
-    out_cols = n // 2 if fused is not None and fused.gated else n
     if new_output:
-        out = torch.empty(num_tokens, out_cols, dtype=x.dtype, device=x.device)
-    if num_tokens == 0 or n == 0:
+        out = torch.empty(num_tokens, r.out_cols, dtype=r.dtype, device=r.torch_device)
+        ldout = r.out_cols
+    else:
+        if r.n > 0 and out.stride(1) != 1:
+            raise ValueError(f"out: the last dimension must be contiguous, got strides {tuple(out.stride())}")
+        ldout = out.stride(0) if num_tokens > 1 else r.out_cols
+    if num_tokens == 0 or r.n == 0:
         return out
     counts = tokens_per_expert
-    if counts.device != x.device:
-        counts = counts.to(x.device, non_blocking=True)
+    if r.host_counts:
+        counts = counts.to(r.torch_device, non_blocking=True)
     # A new output's rows past the owned rows become zeros: in the same core call where the counts are
     # on the device (a zero fill over the tail alone), by the host where it knows where they end.
     zero_tail = new_output and owned_end is None
     if new_output and owned_end is not None and owned_end < num_tokens:
         out[owned_end:].zero_()
-    ws_bytes = plan.workspace_bytes
-    workspace = _new_workspace(ws_bytes, x.device) if ws_bytes else None
-    args = (plan, _COUNT_TYPES[counts.dtype], x.data_ptr(), x.stride(0) if num_tokens > 1 else k,
-            weights.data_ptr(), ldw, weights.stride(0) if num_experts > 1 else 0,
-            out.data_ptr(), out.stride(0) if num_tokens > 1 else out_cols, counts.data_ptr(),
-            workspace.data_ptr() if ws_bytes else 0, ws_bytes, zero_tail, _stream(device))
+    ws_bytes = r.plan.workspace_bytes
+    workspace = _new_workspace(ws_bytes, r.torch_device) if ws_bytes else None
+    args = (r.plan, r.count_type, x.data_ptr(), r.ldx, weights.data_ptr(), r.ldw, r.expert_stride, out.data_ptr(),
+            ldout, counts.data_ptr(), workspace.data_ptr() if ws_bytes else 0, ws_bytes, zero_tail,
+            _stream(r.device))
     if fused is None:
-        _on_device(device, _C.run, *args)
+        _on_device(r.device, _C.run, *args)
     else:
         bias, row_scale = fused.bias, fused.row_scale
-        _on_device(device, _C.run_fused, *args, bias.data_ptr() if bias is not None else 0,
+        _on_device(r.device, _C.run_fused, *args, bias.data_ptr() if bias is not None else 0,
                    bias.stride(0) if bias is not None else 0, row_scale.data_ptr() if row_scale is not None else 0,
                    _ACTIVATION_IDS[fused.activation], fused.gated, fused.alpha, fused.limit)
     return out
 
 
+def _moe_gemm_impl(x, weights, tokens_per_expert, trans_b, out, backend, config, fused=None) -> torch.Tensor:
+    """Runs the op on checked arguments (see _launch)."""
+    if x.device.type == "cpu":
+        _check_host_counts(tokens_per_expert, x.shape[0])
+        if out is None:
+            return moe_gemm_reference(x, weights, tokens_per_expert, trans_b=trans_b).to(x.dtype)
+        return moe_gemm_reference(x, weights, tokens_per_expert, trans_b=trans_b, out=out)
+    gated = fused is not None and fused.gated
+    return _launch(_Resolved(x, weights, tokens_per_expert, trans_b, backend, config, gated), x, weights,
+                   tokens_per_expert, out, fused)
+
+
+# Eager calls resolved by their signature: everything _check_moe_gemm and _Resolved read. A call
+# whose signature was seen before skips both (its data pointers are still checked by the core).
+_RESOLVED: dict = {}
+
+
+def _resolved_call(x, weights, tokens_per_expert, trans_b, backend, config) -> Optional[_Resolved]:
+    """The plain call's resolution, checking the arguments the first time a signature is seen.
+    None where the call does not launch (CPU or meta tensors)."""
+    try:
+        key = (x.shape, x.stride(), x.dtype, x.device, weights.shape, weights.stride(), weights.dtype,
+               weights.device, tokens_per_expert.shape, tokens_per_expert.dtype, tokens_per_expert.device,
+               trans_b, trans_b.__class__, backend, config)
+    except AttributeError:  # not tensors: the checks below name the argument
+        key = None
+    r = _RESOLVED.get(key)
+    if r is None:
+        _check_moe_gemm(x, weights, tokens_per_expert, trans_b, None, backend, config)
+        if x.device.type != "cuda" or x.is_meta or weights.is_meta:
+            return None
+        r = _Resolved(x, weights, tokens_per_expert, trans_b, backend, config)
+        if len(_RESOLVED) >= 4096:
+            _RESOLVED.clear()
+        _RESOLVED[key] = r
+    return r
+
+
 @torch.library.custom_op("cutlass_moe::moe_gemm", mutates_args=())
 def _moe_gemm_op(x: torch.Tensor, weights: torch.Tensor, tokens_per_expert: torch.Tensor, trans_b: bool,
                  backend: str, config: str) -> torch.Tensor:
-    return _moe_gemm_impl(x, weights, tokens_per_expert, trans_b, None, backend, config)
+    r = _resolved_call(x, weights, tokens_per_expert, trans_b, backend, config)
+    if r is None:
+        return _moe_gemm_impl(x, weights, tokens_per_expert, trans_b, None, backend, config)
+    return _launch(r, x, weights, tokens_per_expert, None)
 
 
 @_moe_gemm_op.register_fake
@@ -286,15 +343,17 @@ class _MoeGemmFunction(torch.autograd.Function):
     benchmarks/training_bench.py's host table)."""
 
     @staticmethod
-    def forward(ctx, x, weights, tokens_per_expert, trans_b, backend, config):
+    def forward(ctx, x, weights, tokens_per_expert, trans_b, backend, config, resolved):
         # forward(ctx, ...) rather than a separate setup_context: the latter costs ~10 us more per
         # call in torch 2.11-2.13 (it is the torch.func-compatible path).
         _moe_gemm_setup_context(ctx, (x, weights, tokens_per_expert, trans_b, backend, config), None)
-        return _moe_gemm_impl(x, weights, tokens_per_expert, trans_b, None, backend, config)
+        if resolved is None:
+            return _moe_gemm_impl(x, weights, tokens_per_expert, trans_b, None, backend, config)
+        return _launch(resolved, x, weights, tokens_per_expert, None)
 
     @staticmethod
     def backward(ctx, grad):
-        return (*_moe_gemm_grads(ctx, grad, traced=False), None, None, None, None)
+        return (*_moe_gemm_grads(ctx, grad, traced=False), None, None, None, None, None)
 
 
 def _traced(*tensors) -> bool:
@@ -381,8 +440,19 @@ def moe_gemm(
         >>> bool(torch.allclose(y.float(), ref, rtol=2e-2, atol=1e-1))
         True
     """
+    plain = bias is None and activation in (None, "none") and row_scale is None
+    if plain and out is None and not torch.compiler.is_compiling():
+        # The eager hot path: the checks and the plan once per signature (_resolved_call).
+        r = _resolved_call(x, weights, tokens_per_expert, trans_b, backend, config)
+        if r is None and (x.is_meta or weights.is_meta):
+            return _moe_gemm_op(x, weights, tokens_per_expert, trans_b, backend, config)
+        if torch.is_grad_enabled() and (x.requires_grad or weights.requires_grad):
+            return _MoeGemmFunction.apply(x, weights, tokens_per_expert, trans_b, backend, config, r)
+        if r is None:
+            return _moe_gemm_impl(x, weights, tokens_per_expert, trans_b, None, backend, config)
+        return _launch(r, x, weights, tokens_per_expert, None)
     _check_moe_gemm(x, weights, tokens_per_expert, trans_b, out, backend, config)
-    if bias is not None or activation not in (None, "none") or row_scale is not None:
+    if not plain:
         from .fused import FusedArgs, moe_gemm_fused  # fused.py builds on this module
         return moe_gemm_fused(x, weights, tokens_per_expert, trans_b, out, backend, config,
                               FusedArgs(bias, activation or "none", row_scale))
@@ -390,7 +460,7 @@ def moe_gemm(
         if _traced(x, weights):
             return _moe_gemm_op(x, weights, tokens_per_expert, trans_b, backend, config)
         if _records_graph(x, weights):
-            return _MoeGemmFunction.apply(x, weights, tokens_per_expert, trans_b, backend, config)
+            return _MoeGemmFunction.apply(x, weights, tokens_per_expert, trans_b, backend, config, None)
     return _moe_gemm_impl(x, weights, tokens_per_expert, trans_b, out, backend, config)
 
 

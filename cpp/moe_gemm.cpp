@@ -355,15 +355,22 @@ void run_moe_gemm(const MoeGemmPlan& plan, const MoeGemmProblem& p, void* worksp
                         "plan: made for " << dtype_name(plan.dtype) << ", weights " << layout_name(plan.weight_layout)
                                           << ", (T, E, N, K) = (" << plan.num_tokens << ", " << plan.num_experts << ", "
                                           << plan.n << ", " << plan.k << "), not for this problem");
-  if (is_empty(p)) return;
+  if (is_empty(p)) {
+    if (p.zero_unowned) launch_zero_unowned_rows(p, stream);  // E == 0: every row is unowned
+    return;
+  }
   CUTLASS_MOE_CHECK_ARG(!has_fused_epilogue(p) || ((plan.backend == Backend::kMoe || plan.backend == Backend::kSm80Moe) &&
                                                      p.k > 0),
                         "bias, activation, row_scale, gated: the fused epilogue runs in the MoE families ('moe', "
                         "'sm80_moe') with K > 0; "
                         "this call resolved to '"
                             << backend_name(plan.backend) << "' with K = " << p.k);
+  // The MoE families zero a new output's unowned rows in the GEMM's own launch; the others, and
+  // K == 0 (no GEMM), in a second launch.
+  const bool folds_zero_fill = plan.backend == Backend::kMoe || plan.backend == Backend::kSm80Moe;
   if (p.k == 0) {
     launch_zero_computed_rows(p, stream);
+    if (p.zero_unowned) launch_zero_unowned_rows(p, stream);
     return;
   }
   int device = 0;
@@ -376,6 +383,7 @@ void run_moe_gemm(const MoeGemmPlan& plan, const MoeGemmProblem& p, void* worksp
       plan.workspace_bytes == 0 || reinterpret_cast<uintptr_t>(workspace) % kWorkspaceAlignment == 0,
       "workspace: data pointer must be " << kWorkspaceAlignment << "-byte aligned, got " << address(workspace));
   static_cast<const Instance*>(plan.instance)->run(p, workspace, workspace_bytes, plan.sm_count, stream);
+  if (p.zero_unowned && !folds_zero_fill) launch_zero_unowned_rows(p, stream);
 }
 
 void check_wgrad_layout(const MoeWgradProblem& p) {

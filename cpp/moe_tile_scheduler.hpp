@@ -91,6 +91,10 @@ class ExpertTileScheduler {
     return t;
   }
 
+  // Where the owned rows end, min(sum of clamped counts, T): valid once tile() has returned an
+  // invalid tile (the walk has then loaded the window of the last expert). The whole warp calls it.
+  CUTLASS_DEVICE int owned_rows_end() const { return __shfl_sync(0xffffffff, row_start_ + rows_, 31); }
+
  private:
   template <class T>
   CUTLASS_DEVICE static T warp_inclusive_sum(T value, int lane) {

@@ -14,6 +14,7 @@
 #include "check.h"
 #include "expert_rows.hpp"
 #include "launch.h"
+#include "zero_fill.cuh"
 
 namespace cutlass_moe {
 namespace {
@@ -35,24 +36,14 @@ __device__ int64_t owned_rows_end(const Count* __restrict__ tokens_per_expert, i
   return end;
 }
 
-// Zeros rows [first, last) of out (n columns, 2-byte elements, 16-byte vectors: n and ldout are
-// multiples of 8, out 16-byte aligned).
-__device__ void zero_rows(uint16_t* out, int64_t n, int64_t ldout, int64_t first, int64_t last) {
-  const int64_t vectors_per_row = n / 8;
-  const int64_t vectors = (last - first) * vectors_per_row;
-  for (int64_t v = blockIdx.x * int64_t(kThreads) + threadIdx.x; v < vectors; v += int64_t(gridDim.x) * kThreads) {
-    const int64_t row = first + v / vectors_per_row;
-    *reinterpret_cast<uint4*>(out + row * ldout + (v % vectors_per_row) * 8) = uint4{0, 0, 0, 0};  // +0.0
-  }
-}
-
 // owned: zero [0, end), else [end, T).
 template <class Count>
 __global__ void __launch_bounds__(kThreads)
 zero_rows_kernel(const Count* __restrict__ tokens_per_expert, int64_t num_experts, int64_t num_tokens, uint16_t* out,
                  int64_t n, int64_t ldout, bool owned) {
   const int64_t end = owned_rows_end(tokens_per_expert, num_experts, num_tokens);
-  zero_rows(out, n, ldout, owned ? 0 : end, owned ? end : num_tokens);
+  zero_rows(out, n, ldout, owned ? 0 : end, owned ? end : num_tokens, blockIdx.x * int64_t(kThreads) + threadIdx.x,
+            int64_t(gridDim.x) * kThreads);
 }
 
 void launch_zero_rows(const MoeGemmProblem& p, bool owned, cudaStream_t stream) {
@@ -71,6 +62,8 @@ void launch_zero_rows(const MoeGemmProblem& p, bool owned, cudaStream_t stream) 
 }  // namespace
 
 void launch_zero_computed_rows(const MoeGemmProblem& p, cudaStream_t stream) { launch_zero_rows(p, true, stream); }
+
+void launch_zero_unowned_rows(const MoeGemmProblem& p, cudaStream_t stream) { launch_zero_rows(p, false, stream); }
 
 void zero_unowned_rows(const MoeGemmProblem& p, cudaStream_t stream) {
   check_problem(p);

@@ -7,4 +7,7 @@ namespace cutlass_moe {
 // Writes zeros to the rows of out that a K == 0 GEMM computes (see cutlass_moe.h for the rows).
 void launch_zero_computed_rows(const MoeGemmProblem& problem, cudaStream_t stream);
 
+// zero_unowned_rows without its argument checks (for callers that have checked the problem).
+void launch_zero_unowned_rows(const MoeGemmProblem& problem, cudaStream_t stream);
+
 }  // namespace cutlass_moe

@@ -203,16 +203,20 @@ def _kernel_launches(fn):
             and "memcpy" not in e.name.lower() and "memset" not in e.name.lower()]
 
 
+@pytest.mark.parametrize("new_output", [False, True], ids=["out", "new_output"])
 @pytest.mark.parametrize("backend,launches", [backend_param("moe", 1), backend_param("grouped", 2),
                                               backend_param("sm80_moe", 1), backend_param("sm80_grouped", 2)])
-def test_launches_per_call(backend, launches):
-    # The MoE families: one kernel. The grouped families: the argument-building kernel, then the GEMM.
+def test_launches_per_call(backend, launches, new_output):
+    # The MoE families: one kernel, which also zeros a new output's unowned rows. The grouped
+    # families: the argument-building kernel, then the GEMM, and for a new output the zero fill.
     skip_unless_built(backend, torch.bfloat16, "kn")
     x = torch.randn(4096, 256, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(64, 256, 512, device="cuda", dtype=torch.bfloat16)
-    counts = random_counts(64, 4096, torch.Generator().manual_seed(0)).to("cuda", torch.int32)
-    out = torch.empty(4096, 512, device="cuda", dtype=torch.bfloat16)
+    counts = random_counts(64, 4000, torch.Generator().manual_seed(0)).to("cuda", torch.int32)
+    out = None if new_output else torch.empty(4096, 512, device="cuda", dtype=torch.bfloat16)
     names = _kernel_launches(lambda: moe_gemm(x, w, counts, out=out, backend=backend))
+    if new_output and backend in ("grouped", "sm80_grouped"):
+        launches += 1
     assert len(names) == launches, names
     if backend in ("moe", "sm80_moe"):
         assert "MoeGemmKernel" in names[0], names

@@ -91,7 +91,7 @@ PYBIND11_MODULE(_C, m) {
           return plan_moe_gemm(p, static_cast<Backend>(backend), static_cast<KernelConfig>(config), device);
         });
 
-  // run_moe_gemm, then (zero_unowned) zero_unowned_rows: a new output, fully defined, in one call.
+  // run_moe_gemm; zero_unowned: a new output, fully defined (MoeGemmProblem::zero_unowned).
   auto run = [](const MoeGemmPlan& plan, int count_type, uintptr_t x, int64_t ldx, uintptr_t weights, int64_t ldw,
                 int64_t expert_stride, uintptr_t out, int64_t ldout, uintptr_t tokens_per_expert, uintptr_t workspace,
                 size_t workspace_bytes, bool zero_unowned, uintptr_t stream, uintptr_t bias, int64_t bias_stride,
@@ -109,8 +109,8 @@ PYBIND11_MODULE(_C, m) {
     p.gated = gated;
     p.alpha = alpha;
     p.limit = limit;
+    p.zero_unowned = zero_unowned;
     run_moe_gemm(plan, p, reinterpret_cast<void*>(workspace), workspace_bytes, reinterpret_cast<cudaStream_t>(stream));
-    if (zero_unowned) zero_unowned_rows(p, reinterpret_cast<cudaStream_t>(stream));
   };
   m.def("run", [run](const MoeGemmPlan& plan, int count_type, uintptr_t x, int64_t ldx, uintptr_t weights, int64_t ldw,
                      int64_t expert_stride, uintptr_t out, int64_t ldout, uintptr_t tokens_per_expert,

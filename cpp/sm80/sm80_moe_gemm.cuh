@@ -18,6 +18,7 @@
 #include "kernel_families.h"
 #include "launch_facts.h"
 #include "moe_tile_scheduler.hpp"
+#include "zero_fill.cuh"
 #include "sm80/sm80_common.cuh"
 
 namespace cutlass_moe::sm80 {
@@ -73,6 +74,7 @@ struct MoeGemmKernel {
     typename EpilogueOutputOp::Params output_op;
     int threadblock_count;  // persistent CTAs
     Fused fused;
+    bool zero_unowned;  // a new output: also zero the rows no expert owns (after the tiles)
   };
 
   struct Params {
@@ -91,6 +93,9 @@ struct MoeGemmKernel {
     int k;
     int threadblock_count;
     Fused fused;
+    int num_tokens;
+    int out_cols;        // N, or N / 2 when gated
+    bool zero_unowned;
 
     Params() = default;
     explicit Params(Arguments const& args)
@@ -109,7 +114,10 @@ struct MoeGemmKernel {
           n(args.n),
           k(args.k),
           threadblock_count(args.threadblock_count),
-          fused(args.fused) {}
+          fused(args.fused),
+          num_tokens(args.num_tokens),
+          out_cols(args.fused.gated ? args.n / 2 : args.n),
+          zero_unowned(args.zero_unowned) {}
   };
 
   union SharedStorage {
@@ -188,6 +196,12 @@ struct MoeGemmKernel {
       Epilogue epilogue(shared_storage.epilogue, thread_idx, warp_idx, lane_idx);
       epilogue(output_op, iterator_D, accumulators, iterator_D);  // source unused (alpha-only op)
     }
+    // A new output: this CTA's share of the rows past the owned rows (from this warp's scheduler walk).
+    const int end = scheduler.owned_rows_end();
+    if (params.zero_unowned && end < params.num_tokens) {
+      zero_rows(params.ptr_D, params.out_cols, params.ldd, end, params.num_tokens,
+                int64_t(blockIdx.x) * kThreadCount + thread_idx, int64_t(gridDim.x) * kThreadCount);
+    }
   }
 
  private:
@@ -244,7 +258,8 @@ void MoeGemmInstance<kDType, kLayout, kConfig>::run(const MoeGemmProblem& p, voi
                                   sm_count * ctas_per_sm,
                                   {static_cast<Element const*>(p.bias), p.bias_stride, p.row_scale,
                                    static_cast<int>(p.activation), static_cast<int>(p.num_tokens),
-                                   static_cast<int>(p.n), has_fused_epilogue(p), p.gated, p.alpha, p.limit}};
+                                   static_cast<int>(p.n), has_fused_epilogue(p), p.gated, p.alpha, p.limit},
+                                  p.zero_unowned};
   const cutlass::Status status = Kernel::can_implement(args);
   CUTLASS_MOE_CHECK(status == cutlass::Status::kSuccess, Status::kInvalidArgument,
                     "the sm80 MoE kernel cannot take this problem: " << cutlassGetStatusString(status));

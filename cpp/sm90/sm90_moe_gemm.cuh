@@ -44,6 +44,7 @@ void MoeGemmInstance<kDType, kLayout, kConfig>::run(const MoeGemmProblem& p, voi
                 p.alpha, p.limit};
   args.tokens_per_expert = p.tokens_per_expert;
   args.counts_are_int64 = p.count_type == IndexType::kInt64;
+  args.zero_unowned = p.zero_unowned;
   // One CTA per SM: the kernel takes all of shared memory (checked below).
   args.hw_info.device_id = device;
   args.hw_info.sm_count = sm_count;

@@ -34,6 +34,7 @@
 #include "sm90/sm90_common.cuh"
 #include "sm90/sm90_moe_descriptors.hpp"
 #include "sm90/sm90_moe_epilogue.hpp"
+#include "zero_fill.cuh"
 
 namespace cutlass_moe::sm90 {
 
@@ -109,7 +110,15 @@ class MoeGemmKernel {
     FusedEpilogue<Element> fused;
     void const* tokens_per_expert;
     bool counts_are_int64;
+    bool zero_unowned;  // a new output: also zero the rows no expert owns (after the tiles)
     cutlass::KernelHardwareInfo hw_info;  // device_id and sm_count
+  };
+
+  // A new output's rows past the owned rows (out null: none to zero).
+  struct UnownedRows {
+    Element* out;
+    int64_t ldout;
+    int cols;
   };
 
   // What the device reads.
@@ -120,6 +129,7 @@ class MoeGemmKernel {
     MoeProblemShape problem;
     int max_ctas;  // persistent CTAs: SMs x resident CTAs per SM
     FusedEpilogue<Element> fused;
+    UnownedRows unowned;
   };
 
   // Sizes and strides the kernel takes: TMA wants 16-byte multiples; the ragged views keep row and
@@ -151,7 +161,9 @@ class MoeGemmKernel {
             {args.tokens_per_expert, args.counts_are_int64, p.num_experts, p.num_tokens, tiles_n, {}},
             p,
             args.hw_info.sm_count,
-            args.fused};
+            args.fused,
+            {args.zero_unowned ? args.epilogue.ptr_out : nullptr, args.epilogue.ldout,
+             args.epilogue.gated ? p.n / 2 : p.n}};
   }
 
   // Persistent: min(max_ctas, most tiles any count vector can make).
@@ -166,6 +178,19 @@ class MoeGemmKernel {
 
  private:
   using Fused = FusedEpilogue<Element>;
+
+  // After a consumer's last tile: its share of the unowned rows (both consumers of every CTA split
+  // them), with the end of the owned rows from the consumer's own scheduler walk.
+  CUTLASS_DEVICE static void zero_unowned(Params const& params, Scheduler const& scheduler, int consumer,
+                                          int group_thread) {
+    const int end = scheduler.owned_rows_end();
+    if (params.unowned.out == nullptr || end >= params.problem.num_tokens) return;
+    constexpr int64_t kThreads = cutlass::NumThreadsPerWarpGroup;
+    zero_rows(params.unowned.out, params.unowned.cols, params.unowned.ldout, end, params.problem.num_tokens,
+              (int64_t(blockIdx.x) * kConsumers + consumer) * kThreads + group_thread,
+              int64_t(gridDim.x) * kConsumers * kThreads);
+  }
+
   static constexpr int kPairs = decltype(cute::size(cute::partition_fragment_C(
       TiledMma{}, cute::take<0, 2>(TileShape{}))))::value / 2;  // accumulator pairs per thread
   using FusedOperands = typename Fused::template Operands<kPairs>;
@@ -277,6 +302,7 @@ CUTLASS_DEVICE void MoeGemmKernel<Element, LayoutB, Config, Fusion>::operator()(
         epilogue.store(tile, accum);
       }
       epilogue.store_tail();
+      zero_unowned(params, scheduler, consumer, group_thread);
     } else {
       const int mma_thread = threadIdx.x - cutlass::NumThreadsPerWarpGroup;  // both consumers: 0..255
       CollectiveEpilogue epilogue(params.epilogue, storage.epilogue, consumer, mma_thread, group_thread);
@@ -293,6 +319,7 @@ CUTLASS_DEVICE void MoeGemmKernel<Element, LayoutB, Config, Fusion>::operator()(
         epilogue.store(tile, accum);
       }
       epilogue.store_tail();
+      zero_unowned(params, scheduler, consumer, group_thread);
     }
   }
 #else

@@ -146,6 +146,11 @@ struct MoeGemmProblem {
   bool gated = false;
   float alpha = 1.702f;
   float limit = 7.0f;
+
+  // A new output: also write zeros to the rows no expert owns, [min(sum of clamped counts, T), T),
+  // so that out is fully defined at the cost of its tail alone. The MoE families do it inside the
+  // GEMM's launch; the grouped families (and K == 0) launch zero_unowned_rows after the GEMM.
+  bool zero_unowned = false;
 };
 
 // Whether `problem` asks for any part of the fused epilogue.

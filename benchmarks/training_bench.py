@@ -64,7 +64,7 @@ def wgrad_families():
     return families
 
 
-def part_wgrad(cases, counts_by_case, write_tbps):
+def part_wgrad(cases, counts_by_case, write_tbps, moe_configs=()):
     print(f"\nwgrad (write bandwidth measured: {write_tbps:.2f} TB/s)")
     print(f"{'shape':<20} {'zero E':>6} {'ours ms':>8} {'torch ms':>8} {'speedup':>7} {'floor ms':>8} {'%floor':>7} "
           f"{'fp32 acc ms':>11} {'rel err':>8}")
@@ -78,11 +78,15 @@ def part_wgrad(cases, counts_by_case, write_tbps):
         theirs = lambda: torch._grouped_mm(x.t(), dy, offs=offs)
         configs = {f: (lambda f=f: cutlass_moe.moe_gemm_wgrad(x, dy, counts_gpu, backend=f))
                    for f in wgrad_families()}
+        for c in moe_configs:  # the moe family's configs, each forced
+            configs[c] = lambda c=c: cutlass_moe.moe_gemm_wgrad(x, dy, counts_gpu, backend="moe", config=c)
         main_grad = torch.zeros(e, k, n, device="cuda")
         acc = lambda: cutlass_moe.moe_gemm_wgrad(x, dy, counts_gpu, out=main_grad, accumulate=True)
         got, ref = ours().float(), theirs().float()
         err = max(float((got[i] - ref[i]).norm() / ref[i].norm().clamp_min(1e-30)) for i in range(e)
                   if int(counts[i]) > 0)
+        for c in moe_configs:  # bitwise: the same tile, the same reduction order
+            assert torch.equal(configs[c](), got.to(x.dtype)), (name, c)
         times = {}
         runners = [ours, theirs, acc] + (list(configs.values()) if len(configs) > 1 else [])
         for order in (runners, runners[::-1]):
@@ -315,6 +319,8 @@ def part_host_breakdown():
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--parts", default="wgrad,fwdbwd,train,host")
+    parser.add_argument("--wgrad-configs", default=None,
+                        help="wgrad: also time the moe family with each of these configs forced (comma-separated)")
     parser.add_argument("--profile", action="store_true",
                         help="train: also profile one compiled step of each (default mode)")
     args = parser.parse_args()
@@ -323,7 +329,8 @@ def main():
     counts_by_case = bench.case_counts(cases)
     print(f"training_bench on {torch.cuda.get_device_name()}, torch {torch.__version__}")
     if "wgrad" in parts:
-        part_wgrad(cases, counts_by_case, write_bandwidth())
+        part_wgrad(cases, counts_by_case, write_bandwidth(),
+                   [c for c in args.wgrad_configs.split(",") if c] if args.wgrad_configs else ())
     if "fwdbwd" in parts:
         part_fwdbwd(cases, counts_by_case)
     if "train" in parts:

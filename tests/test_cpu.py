@@ -374,3 +374,23 @@ def test_bench_without_gpu_says_so(capsys):
     assert bench.main(["--cases", "dsv3-decode"]) == 1
     out = capsys.readouterr().out
     assert "no CUDA GPU" in out and "dsv3-decode" in out
+
+
+def test_bench_peers_and_plot(tmp_path):
+    # The bmm peer runs only where every expert has T/E rows, and computes the same as the loop.
+    from cutlass_moe import bench
+    x, w = torch.randn(12, 16), torch.randn(3, 16, 8)
+    assert bench.bmm_peer(x, w, torch.tensor([4, 5, 3])) is None
+    uniform = torch.tensor([4, 4, 4])
+    torch.testing.assert_close(bench.bmm_peer(x, w, uniform)(), bench.loop_peer(x, w, uniform)())
+    rows = [{"name": f"seed000-g{e}", "E": e, "T": 64, "K": 16, "N": 8, "moe_gemm_ms": 0.1 * e, "loop_ms": 0.2 * e}
+            for e in (8, 16)]
+    path = tmp_path / "sweep.png"
+    try:
+        import matplotlib  # noqa: F401  (an optional extra)
+    except ImportError:
+        with pytest.raises(SystemExit, match="pip install matplotlib"):
+            bench.plot(rows, str(path), "cpu")
+    else:
+        bench.plot(rows, str(path), "cpu")
+        assert path.stat().st_size > 1000

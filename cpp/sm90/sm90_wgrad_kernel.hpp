@@ -168,13 +168,17 @@ class MoeWgradKernel {
   using LayoutA            = cutlass::layout::ColumnMajor;  // M contiguous: A(m, t) at a[t * lda + m]
   using LayoutB            = cutlass::layout::RowMajor;     // N contiguous: B(t, n) at b[t * ldb + n]
   using TileShape          = typename Config::TileShape;
-  using ClusterShape       = cute::Shape<cute::_1, cute::_1, cute::_1>;
+  // Clusters of kClusterM CTAs along M: they compute the tiles m0, m0 + 1, ... of one expert and
+  // column block, and each loads 1 / kClusterM of the B tile (grad_out, or x), multicast to all.
+  using ClusterShape       = typename Config::ClusterShape;
+  static constexpr int kClusterM = cute::size<0>(ClusterShape{});
   static constexpr int kAlignment = 128 / cutlass::sizeof_bits<Element>::value;  // 16 bytes, for TMA
   static constexpr int kTileM = cute::size<0>(TileShape{});
   static constexpr int kTileN = cute::size<1>(TileShape{});
   static constexpr int kTileK = cute::size<2>(TileShape{});
   static_assert(!Config::kPingpong, "the wgrad kernel's epilogue is the cooperative one");
-  static_assert(cute::size(typename Config::ClusterShape{}) == 1, "the MoE kernels run without clusters");
+  static_assert(cute::size<1>(ClusterShape{}) == 1 && (kClusterM == 1 || kClusterM == 2),
+                "the MoE wgrad kernel takes clusters of 1 or 2 CTAs along M");
 
   static constexpr int kConsumers = 2;
   static constexpr int kProducerRegs = 40;  // setmaxnreg budgets, as CUTLASS's cooperative kernel
@@ -265,18 +269,20 @@ class MoeWgradKernel {
     WgradProblemShape const& p = args.problem;
     const int tiles_m = (p.m + kTileM - 1) / kTileM;
     const int tiles_n = (p.n + kTileN - 1) / kTileN;
+    // The scheduler hands out cluster tiles: kClusterM row tiles of one expert and column block.
     return {CollectiveMainloop::to_underlying_arguments(view_shape(p), mainloop_arguments(args), nullptr),
             CollectiveEpilogue::to_underlying_arguments(p, args.epilogue),
             {args.tokens_per_expert, args.counts_are_int64, p.num_experts, p.num_tokens, tiles_n,
-             FixedRowTiles{tiles_m}},
+             FixedRowTiles{(tiles_m + kClusterM - 1) / kClusterM}},
             p,
             args.hw_info.sm_count};
   }
 
-  // Persistent: min(max_ctas, tiles).
+  // Persistent: min(max_ctas, tiles), in whole clusters (max_ctas: CTAs of the clusters that can be
+  // resident at once).
   static dim3 get_grid_shape(Params const& params) {
     const int64_t tiles = int64_t(params.problem.num_experts) * params.scheduler.row_tiles.tiles *
-                          params.scheduler.tiles_n;
+                          params.scheduler.tiles_n * kClusterM;
     return dim3(static_cast<unsigned>(tiles < params.max_ctas ? tiles : params.max_ctas));
   }
 
@@ -288,20 +294,25 @@ class MoeWgradKernel {
   // Issues one K block of an operand, box by box (the collective's load() does it in one copy). The
   // partitions are ((box, boxes), 1, 1): the boxes run along M (A) or N (B). A box that lies wholly
   // past the operand's extent there (the last tile when M or N is not a multiple of the tile) is
-  // loaded from the tile's first box instead. TMA would zero-fill it without reading, but the H200
-  // faulted on such boxes when the operand ended at the end of mapped memory. Those shared memory
-  // rows only feed accumulator rows (or columns) past M (or N), which are never stored, and the
-  // transaction bytes stay those of the full tile.
+  // loaded from the box `first` starts with instead: the tile's first box, which is inside. TMA
+  // would zero-fill it without reading, but the H200 faulted on such boxes when the operand ended at
+  // the end of mapped memory. Those shared memory rows only feed accumulator rows (or columns) past
+  // M (or N), which are never stored, and the transaction bytes stay those of the full tile.
+  // `first` is `g` itself, except for B in a cluster, where g holds this CTA's part of the tile and
+  // first the part of the cluster's first CTA.
   template <class Tma, class TensorG, class TensorS, class TensorC>
-  CUTLASS_DEVICE static void load_boxes(Tma const& tma, TensorG const& g, TensorS const& s, TensorC const& c,
-                                        int extent) {
+  CUTLASS_DEVICE static void load_boxes(Tma const& tma, TensorG const& g, TensorG const& first, TensorS const& s,
+                                        TensorC const& c, int extent) {
     using namespace cute;
     static_assert(decltype(size<1>(g) * size<2>(g))::value == 1, "one K box per block");
     constexpr int kBoxes = decltype(size<1>(get<0>(g.shape())))::value;
     CUTLASS_PRAGMA_UNROLL
     for (int box = 0; box < kBoxes; ++box) {
-      const bool outside = get<0>(c(make_coord(0, box), 0, 0)) >= extent;
-      copy(tma, g(make_coord(_, outside ? 0 : box), _, _), s(make_coord(_, box), _, _));
+      if (get<0>(c(make_coord(0, box), 0, 0)) >= extent) {
+        copy(tma, first(make_coord(_, 0), _, _), s(make_coord(_, box), _, _));
+      } else {
+        copy(tma, g(make_coord(_, box), _, _), s(make_coord(_, box), _, _));
+      }
     }
   }
 };
@@ -332,13 +343,22 @@ CUTLASS_DEVICE void MoeWgradKernel<Element, ElementOut, Config>::operator()(Para
   pipeline_params.transaction_bytes = params.mainloop.tma_transaction_bytes;
   Pipeline pipeline(storage.pipeline, pipeline_params, ClusterShape{});
 
-  __syncthreads();  // barrier initialization is visible to every warp
+  // Barrier initialization is visible to every warp (of the cluster: the peer signals ours).
+  if constexpr (kClusterM > 1) {
+    cute::cluster_arrive_relaxed();
+    cute::cluster_wait();
+  } else {
+    __syncthreads();
+  }
 
   Scheduler scheduler(params.scheduler);
   Mainloop mainloop;
   const WgradProblemShape& p = params.problem;
-  const int64_t first = blockIdx.x;
-  const int64_t grid = gridDim.x;
+  // Both CTAs of a cluster take the same cluster tiles; this CTA's row tile is the rank-th of each.
+  const int rank = kClusterM > 1 ? static_cast<int>(cute::block_rank_in_cluster()) : 0;
+  const int64_t first = blockIdx.x / kClusterM;
+  const int64_t grid = gridDim.x / kClusterM;
+  const int tiles_m = (p.m + kTileM - 1) / kTileM;
   auto k_blocks = [](MoeTile const& tile) { return (tile.rows + kTileK - 1) / kTileK; };
 
   if (warp_group == 0) {
@@ -349,7 +369,9 @@ CUTLASS_DEVICE void MoeWgradKernel<Element, ElementOut, Config>::operator()(Para
     Tensor sA = make_tensor(make_smem_ptr(storage.tensors.smem_A.data()), typename Mainloop::SmemLayoutA{});
     Tensor sB = make_tensor(make_smem_ptr(storage.tensors.smem_B.data()), typename Mainloop::SmemLayoutB{});
     auto tma_a = params.mainloop.tma_load_a.get_slice(Int<0>{});
-    auto tma_b = params.mainloop.tma_load_b.get_slice(Int<0>{});
+    auto tma_b = params.mainloop.tma_load_b.get_slice(rank);  // this CTA's part of B, multicast
+    auto tma_b_first = params.mainloop.tma_load_b.get_slice(0);
+    const uint16_t mcast_b = static_cast<uint16_t>((1u << kClusterM) - 1);
     Tensor tAsA = tma_a.partition_D(sA);  // (TMA, TMA_M, TMA_K, PIPE)
     Tensor tBsB = tma_b.partition_D(sB);  // (TMA, TMA_N, TMA_K, PIPE)
     const bool elected = cute::elect_one_sync();
@@ -357,6 +379,9 @@ CUTLASS_DEVICE void MoeWgradKernel<Element, ElementOut, Config>::operator()(Para
     for (int64_t index = first;; index += grid) {
       MoeTile tile = scheduler.tile(index);
       if (!tile.valid) break;
+      // A cluster's last row tile may lie past M (odd tiles_m): it loads the last real one (its
+      // results are never stored), as its peer needs its share of B.
+      tile.m_tile = min(tile.m_tile * kClusterM + rank, tiles_m - 1);
       // Each box's first row (A) or column (B) of dW, to spot the boxes wholly past M or N.
       Tensor tAcA = tma_a.partition_S(local_tile(make_identity_tensor(make_shape(p.m, Int<kTileK>{})),
                                                  select<0, 2>(TileShape{}), make_coord(tile.m_tile, 0)));
@@ -375,10 +400,10 @@ CUTLASS_DEVICE void MoeWgradKernel<Element, ElementOut, Config>::operator()(Para
         if (elected) {
           auto* barrier = pipeline.producer_get_barrier(write_state);
           const int stage = write_state.index();
-          load_boxes(params.mainloop.tma_load_a.with(*barrier), tma_a.partition_S(gA), tAsA(_, _, _, stage), tAcA,
-                     p.m);
-          load_boxes(params.mainloop.tma_load_b.with(*barrier), tma_b.partition_S(gB), tBsB(_, _, _, stage), tBcB,
-                     p.n);
+          const auto tAgA = tma_a.partition_S(gA);
+          load_boxes(params.mainloop.tma_load_a.with(*barrier), tAgA, tAgA, tAsA(_, _, _, stage), tAcA, p.m);
+          load_boxes(params.mainloop.tma_load_b.with(*barrier, mcast_b), tma_b.partition_S(gB),
+                     tma_b_first.partition_S(gB), tBsB(_, _, _, stage), tBcB, p.n);
         }
         ++write_state;
       }
@@ -394,6 +419,7 @@ CUTLASS_DEVICE void MoeWgradKernel<Element, ElementOut, Config>::operator()(Para
     for (int64_t index = first;; index += grid) {
       MoeTile tile = scheduler.tile(index);
       if (!tile.valid) break;
+      tile.m_tile = tile.m_tile * kClusterM + rank;  // past M: computed, never stored
       const int blocks = k_blocks(tile);
       if (blocks == 0 && params.epilogue.accumulate) continue;  // adds nothing: dW[e] is left as it is
       Tensor accum = partition_fragment_C(tiled_mma, take<0, 2>(TileShape{}));

@@ -1,9 +1,16 @@
 """The main job: ``python -m cutlass_moe.bench``.
 
 Runs the public benchmark cases (cases.json, carried in the package) on the GPU, timing
-cutlass_moe.moe_gemm, torch._grouped_mm (where present) and a loop of per-expert torch.mm (cuBLAS)
-in the same run, on the same data. Checks every result against a float32 reference, prints a table
-(ms, TFLOP/s, fraction of the roofline floor, speedup over each peer) and writes JSON.
+cutlass_moe.moe_gemm against its peers in the same run, on the same data: torch._grouped_mm (where
+present) with the weights in both layouts ((E, K, N), and (E, N, K) storage read transposed), a loop
+of per-expert torch.mm (cuBLAS), the same loop spread over CUDA streams (the multi-stream baseline
+of the grouped-GEMM blog this project started from), and torch.bmm where every expert has the same
+rows. Checks every result against a float32 reference, prints a table (ms, TFLOP/s, fraction of the
+roofline floor, speedup over each peer and over the best one) and writes JSON.
+
+``--plot out.png`` runs the blog's sweep (the seed000-g8 ... g128 cases: 8 to 128 groups of one
+problem) unless --cases is given, and draws each provider's time against the number of groups
+(matplotlib, an optional extra: ``pip install matplotlib``).
 
 The floor of a case is max(FLOPs / peak, bytes / bandwidth), with bytes = x + the weights of
 experts that have tokens + out, each once. It is given twice: with the H200 rates the public cases
@@ -14,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
@@ -28,6 +36,9 @@ from .reference import per_expert_errors
 H200_TFLOPS = 790.0
 DEFAULT_VARIANTS = "grouped:auto,moe:auto"  # each sm90 family forced, beside the headline
 H200_TBPS = 4.36
+# The peers every case is timed against (where they run), as they appear in the JSON.
+PEERS = ("torch_grouped_mm", "torch_grouped_mm_nk", "loop", "multistream", "bmm")
+SWEEP_PREFIX = "seed000-g"  # the blog's sweep: 8 to 128 groups of one problem
 
 
 def load_cases() -> List[dict]:
@@ -130,6 +141,45 @@ def loop_peer(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor) -> Callabl
             torch.mm(x[s:t], w[e], out=out[s:t])
         return out
 
+    run.out, run.bounds = out, bounds  # for multistream_peer
+    return run
+
+
+def multistream_peer(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor,
+                     num_streams: int = 4) -> Callable[[], torch.Tensor]:
+    """The loop with the experts spread round-robin over `num_streams` CUDA streams, which start
+    after and join back into the current stream (counts known on the host)."""
+    run_loop = loop_peer(x, w, counts)
+    out = run_loop.out
+    bounds = run_loop.bounds
+    streams = [torch.cuda.Stream(device=x.device) for _ in range(num_streams)]
+
+    def run() -> torch.Tensor:
+        current = torch.cuda.current_stream(x.device)
+        for stream in streams:
+            stream.wait_stream(current)
+        for i, (e, s, t) in enumerate(bounds):
+            with torch.cuda.stream(streams[i % num_streams]):
+                torch.mm(x[s:t], w[e], out=out[s:t])
+        for stream in streams:
+            current.wait_stream(stream)
+        return out
+
+    return run
+
+
+def bmm_peer(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor) -> Optional[Callable[[], torch.Tensor]]:
+    """torch.bmm over (E, T/E, K) views, where every expert has the same rows and they cover x."""
+    e = w.shape[0]
+    if e == 0 or x.shape[0] % e or any(c != x.shape[0] // e for c in counts.tolist()):
+        return None
+    out = torch.empty(x.shape[0], w.shape[2], dtype=x.dtype, device=x.device)
+    xv, outv = x.view(e, -1, x.shape[1]), out.view(e, -1, w.shape[2])
+
+    def run() -> torch.Tensor:
+        torch.bmm(xv, w, out=outv)
+        return out
+
     return run
 
 
@@ -151,7 +201,13 @@ def run_case(case: dict, counts: torch.Tensor, args, moe_gemm) -> dict:
     peer = grouped_mm_peer(x, w, counts)
     if peer is not None:
         runners["torch_grouped_mm"] = peer
+        # The nn.Linear layout: (E, N, K) storage, read as (E, K, N).
+        runners["torch_grouped_mm_nk"] = grouped_mm_peer(x, w.transpose(1, 2).contiguous().transpose(1, 2), counts)
     runners["loop"] = loop_peer(x, w, counts)
+    runners["multistream"] = multistream_peer(x, w, counts)
+    peer = bmm_peer(x, w, counts)
+    if peer is not None:
+        runners["bmm"] = peer
 
     timed = {}
     for label, fn in runners.items():
@@ -176,6 +232,10 @@ def run_case(case: dict, counts: torch.Tensor, args, moe_gemm) -> dict:
             row[f"{label}_ms"] = min(ms, row.get(f"{label}_ms", float("inf")))
     for label in timed:
         row[f"{label}_tflops"] = flops / (row[f"{label}_ms"] * 1e-3) / 1e12
+    peers = {label: row[f"{label}_ms"] for label in PEERS if f"{label}_ms" in row}
+    if peers:
+        row["best_peer"] = min(peers, key=peers.get)
+        row["best_peer_ms"] = peers[row["best_peer"]]
     return row
 
 
@@ -184,8 +244,9 @@ def _fmt(v, spec: str) -> str:
 
 
 def print_table(rows: List[dict], ceilings: Dict[str, float]) -> None:
-    head = (f"{'case':<20} {'ours ms':>8} {'grouped':>8} {'moe':>8} {'gmm ms':>8} {'loop ms':>8} {'TFLOP/s':>8} "
-            f"{'floor':>7} {'%floor':>7} {'%floor*':>7} {'x gmm':>6} {'x loop':>6} {'err':>8}")
+    head = (f"{'case':<20} {'ours ms':>8} {'grouped':>8} {'moe':>8} {'gmm ms':>8} {'gmm nk':>8} {'loop ms':>8} "
+            f"{'streams':>8} {'bmm ms':>8} {'TFLOP/s':>8} {'floor':>7} {'%floor':>7} {'%floor*':>7} {'x gmm':>6} "
+            f"{'x loop':>6} {'x best':>6} {'err':>8}")
     print(head)
     print("-" * len(head))
     for r in rows:
@@ -193,12 +254,15 @@ def print_table(rows: List[dict], ceilings: Dict[str, float]) -> None:
         frac = r["floor_ms_h200"] / ours if ours else None
         frac_measured = r["floor_ms_measured"] / ours if ours else None
         gmm, loop = r.get("torch_grouped_mm_ms"), r.get("loop_ms")
+        best = r.get("best_peer_ms")
         print(f"{r['name']:<20} {_fmt(ours, '8.3f')} {_fmt(r.get('moe_gemm[grouped:auto]_ms'), '8.3f')} "
-              f"{_fmt(r.get('moe_gemm[moe:auto]_ms'), '8.3f')} {_fmt(gmm, '8.3f')} {_fmt(loop, '8.3f')} "
+              f"{_fmt(r.get('moe_gemm[moe:auto]_ms'), '8.3f')} {_fmt(gmm, '8.3f')} "
+              f"{_fmt(r.get('torch_grouped_mm_nk_ms'), '8.3f')} {_fmt(loop, '8.3f')} "
+              f"{_fmt(r.get('multistream_ms'), '8.3f')} {_fmt(r.get('bmm_ms'), '8.3f')} "
               f"{_fmt(r.get('moe_gemm_tflops'), '8.1f')} {r['floor_ms_h200']:7.3f} "
               f"{_fmt(frac and 100 * frac, '6.1f')}% {_fmt(frac_measured and 100 * frac_measured, '6.1f')}% "
               f"{_fmt(gmm and ours and gmm / ours, '6.2f')} {_fmt(loop and ours and loop / ours, '6.2f')} "
-              f"{_fmt(r.get('moe_gemm_worst_rel'), '8.1e')}")
+              f"{_fmt(best and ours and best / ours, '6.2f')} {_fmt(r.get('moe_gemm_worst_rel'), '8.1e')}")
     extra = sorted({k[len("moe_gemm["):-len("]_ms")] for r in rows for k in r if k.startswith("moe_gemm[") and k.endswith("]_ms")})
     extra = [v for v in extra if v not in ("grouped:auto", "moe:auto")]
     if extra:
@@ -210,7 +274,43 @@ def print_table(rows: List[dict], ceilings: Dict[str, float]) -> None:
     print(f"floor: H200 rates ({H200_TFLOPS:.0f} TFLOP/s, {H200_TBPS} TB/s); %floor* uses this GPU's measured "
           f"ceilings ({ceilings['tflops']:.0f} TFLOP/s, {ceilings['tbps']:.2f} TB/s). "
           f"ours: backend/config 'auto'; grouped, moe: each family forced (config auto). "
-          f"x gmm / x loop: speedup of ours over torch._grouped_mm / the torch.mm loop.")
+          f"gmm nk: torch._grouped_mm on (E, N, K) weights; streams: the loop over 4 CUDA streams; bmm: where "
+          f"every expert has T/E rows. x gmm / x loop / x best: speedup of ours over torch._grouped_mm / the "
+          f"torch.mm loop / the fastest peer.")
+    ratios = [r["best_peer_ms"] / r["moe_gemm_ms"] for r in rows if r.get("best_peer_ms") and r.get("moe_gemm_ms")]
+    if ratios:
+        geo = 2 ** (sum(math.log2(v) for v in ratios) / len(ratios))
+        print(f"ours vs the best peer: geomean {geo:.3f}x, min {min(ratios):.3f}x")
+
+
+def plot(rows: List[dict], path: str, device: str) -> None:
+    """Each provider's time against the number of groups (the cases' E), log-log."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise SystemExit("--plot needs matplotlib, an optional extra: pip install matplotlib")
+    rows = sorted(rows, key=lambda r: r["E"])
+    labels = {"moe_gemm": "cutlass_moe.moe_gemm", "torch_grouped_mm": "torch._grouped_mm (E, K, N)",
+              "torch_grouped_mm_nk": "torch._grouped_mm (E, N, K)", "loop": "torch.mm loop",
+              "multistream": "torch.mm loop, 4 streams", "bmm": "torch.bmm"}
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for key, label in labels.items():
+        points = [(r["E"], r[f"{key}_ms"]) for r in rows if f"{key}_ms" in r]
+        if points:
+            ax.plot(*zip(*points), marker="o", label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("number of groups (experts)")
+    ax.set_ylabel("time (ms)")
+    shapes = sorted({(r["T"], r["K"], r["N"]) for r in rows})
+    ax.set_title(f"{device}: T, K, N = " + "; ".join(f"{t}, {k}, {n}" for t, k, n in shapes), fontsize=9)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    print(f"wrote {os.path.abspath(path)}", file=sys.stderr)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -227,6 +327,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--warmup-ms", type=float, default=25.0)
     parser.add_argument("--rep-ms", type=float, default=100.0)
     parser.add_argument("--no-check", action="store_true", help="skip the float32 reference check")
+    parser.add_argument("--plot", default=None, metavar="PNG",
+                        help="draw time against the number of groups for every provider (the seed000-g* sweep "
+                             "unless --cases is given; needs matplotlib)")
     args = parser.parse_args(argv)
 
     cases = load_cases()
@@ -237,6 +340,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         if unknown:
             parser.error(f"unknown case(s): {', '.join(sorted(unknown))}")
         cases = [c for c in cases if c["name"] in wanted]
+    elif args.plot:
+        cases = [c for c in cases if c["name"].startswith(SWEEP_PREFIX)]
 
     if not torch.cuda.is_available():
         print("cutlass_moe.bench: no CUDA GPU is visible, so nothing was timed. The kernels need an sm90 "
@@ -271,6 +376,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     print(f"done in {time.time() - started:.0f} s", file=sys.stderr)
 
     print_table(rows, ceilings)
+    if args.plot:
+        plot(rows, args.plot, name)
     result = {"device": name, "torch": torch.__version__, "dtype": args.dtype, "backend": args.backend,
               "config": args.config, "variants": args.variants,
               "ceilings": ceilings, "cases": rows}

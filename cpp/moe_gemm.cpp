@@ -169,6 +169,11 @@ const WgradInstance& find_wgrad_instance(const MoeWgradProblem& p, Backend backe
     if (!runs_on(inst.backend, cc)) continue;
     if (backend != Backend::kAuto && inst.backend != backend) continue;
     if (config != KernelConfig::kAuto && inst.config != config) continue;
+    // The clustered MoE wgrad kernel needs T >= 32 rows (sm90_wgrad_kernel.hpp): auto takes the next.
+    if (config == KernelConfig::kAuto && inst.config == KernelConfig::kSm90Cooperative_128x256x64_2x1x1 &&
+        p.num_tokens < 32) {
+      continue;
+    }
     const bool preferred = !(backend == Backend::kAuto && p.accumulate) || inst.backend == Backend::kGrouped;
     if (!found || preferred) found = &inst;
     if (preferred) break;

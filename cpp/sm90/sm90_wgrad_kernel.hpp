@@ -176,6 +176,7 @@ class MoeWgradKernel {
   static constexpr int kTileM = cute::size<0>(TileShape{});
   static constexpr int kTileN = cute::size<1>(TileShape{});
   static constexpr int kTileK = cute::size<2>(TileShape{});
+  static constexpr int kHalfK = kTileK / kClusterM;  // K rows of B's box each CTA of a cluster loads
   static_assert(!Config::kPingpong, "the wgrad kernel's epilogue is the cooperative one");
   static_assert(cute::size<1>(ClusterShape{}) == 1 && (kClusterM == 1 || kClusterM == 2),
                 "the MoE wgrad kernel takes clusters of 1 or 2 CTAs along M");
@@ -254,6 +255,7 @@ class MoeWgradKernel {
     WgradProblemShape const& p = args.problem;
     if (p.num_tokens < 0 || p.m <= 0 || p.n <= 0 || p.num_experts <= 0) return false;
     if (int64_t(p.num_tokens) + kTileK >= (int64_t{1} << 31)) return false;
+    if (kClusterM > 1 && p.num_tokens < kHalfK) return false;  // see the producer's end_b
     if (args.tokens_per_expert == nullptr || args.epilogue.ptr_out == nullptr) return false;
     if (args.epilogue.accumulate && !std::is_same_v<ElementOut, float>) return false;
     constexpr int kOutAlignment = 128 / cutlass::sizeof_bits<ElementOut>::value;
@@ -396,13 +398,25 @@ CUTLASS_DEVICE void MoeWgradKernel<Element, ElementOut, Config>::operator()(Para
                                make_coord(tile.m_tile, 0, 0));  // (BLK_M, BLK_K)
         Tensor gB = local_tile(domain_offset(make_coord(0, kTileK - r, end), mB), select<1, 2>(TileShape{}),
                                make_coord(tile.n_tile, 0, 0));  // (BLK_N, BLK_K)
+        // In a cluster each CTA loads K rows [rank * kHalfK, +kHalfK) of B's box (TMA multicast splits
+        // the box along its outer mode). Where the block has r <= rank * kHalfK rows, this CTA's part
+        // lies wholly past the view's K extent: TMA zero-fills it, but such boxes faulted when their
+        // rows lay past the end of mapped memory (load_boxes). The part is then read at an end row
+        // that keeps its rows inside x, [end_b - r + rank * kHalfK, +kHalfK) in [0, T) (T >= kHalfK,
+        // can_implement): still wholly past the K extent, still zeros.
+        Tensor gB_part = gB;
+        if (kClusterM > 1 && rank * kHalfK >= r) {
+          const int end_b = min(end, p.num_tokens + r - rank * kHalfK - kHalfK);
+          gB_part = local_tile(domain_offset(make_coord(0, kTileK - r, end_b), mB), select<1, 2>(TileShape{}),
+                               make_coord(tile.n_tile, 0, 0));
+        }
         pipeline.producer_acquire(write_state);
         if (elected) {
           auto* barrier = pipeline.producer_get_barrier(write_state);
           const int stage = write_state.index();
           const auto tAgA = tma_a.partition_S(gA);
           load_boxes(params.mainloop.tma_load_a.with(*barrier), tAgA, tAgA, tAsA(_, _, _, stage), tAcA, p.m);
-          load_boxes(params.mainloop.tma_load_b.with(*barrier, mcast_b), tma_b.partition_S(gB),
+          load_boxes(params.mainloop.tma_load_b.with(*barrier, mcast_b), tma_b.partition_S(gB_part),
                      tma_b_first.partition_S(gB), tBsB(_, _, _, stage), tBcB, p.n);
         }
         ++write_state;

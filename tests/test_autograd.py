@@ -9,7 +9,7 @@ import cutlass_moe
 from cutlass_moe import moe_gemm, moe_gemm_wgrad
 from cutlass_moe.reference import assert_close_per_expert, expert_row_ranges, moe_gemm_reference
 
-from conftest import HAS_CUDA, backend_param, random_counts, requires_kernels, wgrad_backend_param
+from conftest import HAS_CUDA, backend_param, random_counts, requires_kernels, runs_here, wgrad_backend_param
 
 BF16 = torch.bfloat16
 
@@ -326,6 +326,39 @@ def test_wgrad_moe_partial_tiles_at_scale(t, k, n, e, backend):
     for i in range(e):
         err = float((dw[i].float() - ref[i].float()).norm() / ref[i].float().norm())
         assert err < 1e-2, (i, err)
+
+
+_WGRAD_MOE_CONFIGS = sorted({name.split(":")[-1] for name in cutlass_moe.built_configs() if ":wgrad_moe:" in name})
+
+
+@gpu
+@pytest.mark.parametrize("config", _WGRAD_MOE_CONFIGS or [pytest.param("none", marks=pytest.mark.skip(
+    reason="no sm90 MoE wgrad kernels in this build"))])
+@pytest.mark.parametrize("t,k,n,counts", [
+    (69, 384, 200, [37, 0, 32]),       # the last block of each expert short (<= 32 rows), ending at T
+    (40, 128, 136, [3, 37]),           # T just past the clustered kernel's 32-row minimum
+    (20, 128, 136, [7, 13]),           # below it: auto takes another config, a forced one raises
+    (1003, 384, 520, [500, 1, 0, 502]),  # odd M tiles (a cluster's second tile past M), N tile split
+])
+def test_wgrad_moe_configs_ragged_ends(config, t, k, n, counts):
+    # Each MoE wgrad config forced, on ragged expert ends at T. In a 2-CTA cluster each CTA loads half
+    # of grad_out's K block; a half wholly past the expert's rows must stay zeros and read nothing
+    # past the end of x (see sm90_wgrad_kernel.hpp).
+    if not runs_here("wgrad_moe"):
+        pytest.skip("no sm90 MoE wgrad kernels for this GPU")
+    gen = torch.Generator(device="cuda").manual_seed(t)
+    x = torch.randn(t, k, device="cuda", dtype=BF16, generator=gen)
+    dy = torch.randn(t, n, device="cuda", dtype=BF16, generator=gen)
+    counts = torch.tensor(counts, device="cuda")
+    ref = cutlass_moe.moe_gemm_wgrad_reference(x, dy, counts.cpu())
+    if t < 32 and config.endswith("2x1x1"):
+        with pytest.raises(ValueError, match="wgrad kernel cannot take"):
+            moe_gemm_wgrad(x, dy, counts, backend="moe", config=config)
+        check_dw(moe_gemm_wgrad(x, dy, counts, backend="moe"), ref, counts.cpu(), t, False)
+        return
+    dw = moe_gemm_wgrad(x, dy, counts, backend="moe", config=config)
+    check_dw(dw, ref, counts.cpu(), t, False)
+    torch.cuda.synchronize()
 
 
 @gpu

@@ -60,34 +60,4 @@ int resident_ctas_per_sm(const void* kernel, int threads, int smem_bytes, int de
   return ctas;
 }
 
-int resident_clusters(const void* kernel, int threads, int smem_bytes, int cluster_size, int device) {
-  using Key = std::tuple<int, const void*, int, int, int>;
-  static std::map<Key, int> cache;
-  const Key key{device, kernel, threads, smem_bytes, cluster_size};
-  {
-    std::lock_guard<std::mutex> lock(facts_mutex());
-    auto it = cache.find(key);
-    if (it != cache.end()) return it->second;
-  }
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(cluster_size);
-  config.blockDim = dim3(threads);
-  config.dynamicSmemBytes = smem_bytes;
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeClusterDimension;
-  attribute.val.clusterDim.x = cluster_size;
-  attribute.val.clusterDim.y = 1;
-  attribute.val.clusterDim.z = 1;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
-  int clusters = 0;
-  CUTLASS_MOE_CHECK_CUDA(cudaOccupancyMaxActiveClusters(&clusters, kernel, &config));
-  CUTLASS_MOE_CHECK(clusters > 0, Status::kNotSupported,
-                    "a kernel with " << threads << " threads and " << smem_bytes << " bytes of shared memory fits no "
-                                     << cluster_size << "-CTA cluster on device " << device);
-  std::lock_guard<std::mutex> lock(facts_mutex());
-  cache.emplace(key, clusters);
-  return clusters;
-}
-
 }  // namespace cutlass_moe

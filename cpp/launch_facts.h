@@ -19,8 +19,4 @@ DeviceFacts device_facts(int device);
 // kNotSupported if not even one CTA fits.
 int resident_ctas_per_sm(const void* kernel, int threads, int smem_bytes, int device);
 
-// Clusters of `cluster_size` CTAs (along x) of `kernel` that can be resident on `device` at once;
-// call resident_ctas_per_sm first (it raises the shared memory limit). Throws kNotSupported if none fits.
-int resident_clusters(const void* kernel, int threads, int smem_bytes, int cluster_size, int device);
-
 }  // namespace cutlass_moe

@@ -169,11 +169,6 @@ const WgradInstance& find_wgrad_instance(const MoeWgradProblem& p, Backend backe
     if (!runs_on(inst.backend, cc)) continue;
     if (backend != Backend::kAuto && inst.backend != backend) continue;
     if (config != KernelConfig::kAuto && inst.config != config) continue;
-    // The clustered MoE wgrad kernel needs T >= 32 rows (sm90_wgrad_kernel.hpp): auto takes the next.
-    if (config == KernelConfig::kAuto && inst.config == KernelConfig::kSm90Cooperative_128x256x64_2x1x1 &&
-        p.num_tokens < 32) {
-      continue;
-    }
     const bool preferred = !(backend == Backend::kAuto && p.accumulate) || inst.backend == Backend::kGrouped;
     if (!found || preferred) found = &inst;
     if (preferred) break;
@@ -244,7 +239,6 @@ const char* config_name(KernelConfig config) {
     case KernelConfig::kSm80_64x128x32_32x64_s4: return "sm80_64x128x32_32x64_s4";
     case KernelConfig::kSm80_128x128x32_64x64_s4: return "sm80_128x128x32_64x64_s4";
     case KernelConfig::kSm90Cooperative_128x256x64_1x1x1: return "sm90_cooperative_128x256x64_1x1x1";
-    case KernelConfig::kSm90Cooperative_128x256x64_2x1x1: return "sm90_cooperative_128x256x64_2x1x1";
   }
   return "unknown";
 }

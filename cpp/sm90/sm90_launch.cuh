@@ -22,29 +22,4 @@ void launch_one_cta_per_sm(typename Kernel::Params const& params, int device, cu
   CUTLASS_MOE_CHECK_CUDA(cudaGetLastError());
 }
 
-// The same for a kernel of kCluster-CTA clusters along x: params.max_ctas becomes the CTAs of the
-// clusters that fit at once, and the launch sets the cluster shape.
-template <class Kernel, int kCluster>
-void launch_one_cta_per_sm_in_clusters(typename Kernel::Params params, int device, cudaStream_t stream,
-                                       const char* name) {
-  const void* kernel = reinterpret_cast<const void*>(&cutlass::device_kernel<Kernel>);
-  const int ctas_per_sm = resident_ctas_per_sm(kernel, Kernel::MaxThreadsPerBlock, Kernel::SharedStorageSize, device);
-  CUTLASS_MOE_CHECK(ctas_per_sm == 1, Status::kNotSupported, name << " expects one CTA per SM, got " << ctas_per_sm);
-  params.max_ctas =
-      kCluster * resident_clusters(kernel, Kernel::MaxThreadsPerBlock, Kernel::SharedStorageSize, kCluster, device);
-  cudaLaunchConfig_t config{};
-  config.gridDim = Kernel::get_grid_shape(params);
-  config.blockDim = Kernel::get_block_shape();
-  config.dynamicSmemBytes = Kernel::SharedStorageSize;
-  config.stream = stream;
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeClusterDimension;
-  attribute.val.clusterDim.x = kCluster;
-  attribute.val.clusterDim.y = 1;
-  attribute.val.clusterDim.z = 1;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
-  CUTLASS_MOE_CHECK_CUDA(cudaLaunchKernelEx(&config, cutlass::device_kernel<Kernel>, params));
-}
-
 }  // namespace cutlass_moe::sm90

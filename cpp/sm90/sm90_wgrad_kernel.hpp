@@ -168,18 +168,13 @@ class MoeWgradKernel {
   using LayoutA            = cutlass::layout::ColumnMajor;  // M contiguous: A(m, t) at a[t * lda + m]
   using LayoutB            = cutlass::layout::RowMajor;     // N contiguous: B(t, n) at b[t * ldb + n]
   using TileShape          = typename Config::TileShape;
-  // Clusters of kClusterM CTAs along M: they compute the tiles m0, m0 + 1, ... of one expert and
-  // column block, and each loads 1 / kClusterM of the B tile (grad_out, or x), multicast to all.
-  using ClusterShape       = typename Config::ClusterShape;
-  static constexpr int kClusterM = cute::size<0>(ClusterShape{});
+  using ClusterShape       = cute::Shape<cute::_1, cute::_1, cute::_1>;
   static constexpr int kAlignment = 128 / cutlass::sizeof_bits<Element>::value;  // 16 bytes, for TMA
   static constexpr int kTileM = cute::size<0>(TileShape{});
   static constexpr int kTileN = cute::size<1>(TileShape{});
   static constexpr int kTileK = cute::size<2>(TileShape{});
-  static constexpr int kHalfK = kTileK / kClusterM;  // K rows of B's box each CTA of a cluster loads
   static_assert(!Config::kPingpong, "the wgrad kernel's epilogue is the cooperative one");
-  static_assert(cute::size<1>(ClusterShape{}) == 1 && (kClusterM == 1 || kClusterM == 2),
-                "the MoE wgrad kernel takes clusters of 1 or 2 CTAs along M");
+  static_assert(cute::size(typename Config::ClusterShape{}) == 1, "the MoE kernels run without clusters");
 
   static constexpr int kConsumers = 2;
   static constexpr int kProducerRegs = 40;  // setmaxnreg budgets, as CUTLASS's cooperative kernel
@@ -255,7 +250,6 @@ class MoeWgradKernel {
     WgradProblemShape const& p = args.problem;
     if (p.num_tokens < 0 || p.m <= 0 || p.n <= 0 || p.num_experts <= 0) return false;
     if (int64_t(p.num_tokens) + kTileK >= (int64_t{1} << 31)) return false;
-    if (kClusterM > 1 && p.num_tokens < kHalfK) return false;  // see the producer's end_b
     if (args.tokens_per_expert == nullptr || args.epilogue.ptr_out == nullptr) return false;
     if (args.epilogue.accumulate && !std::is_same_v<ElementOut, float>) return false;
     constexpr int kOutAlignment = 128 / cutlass::sizeof_bits<ElementOut>::value;
@@ -271,20 +265,18 @@ class MoeWgradKernel {
     WgradProblemShape const& p = args.problem;
     const int tiles_m = (p.m + kTileM - 1) / kTileM;
     const int tiles_n = (p.n + kTileN - 1) / kTileN;
-    // The scheduler hands out cluster tiles: kClusterM row tiles of one expert and column block.
     return {CollectiveMainloop::to_underlying_arguments(view_shape(p), mainloop_arguments(args), nullptr),
             CollectiveEpilogue::to_underlying_arguments(p, args.epilogue),
             {args.tokens_per_expert, args.counts_are_int64, p.num_experts, p.num_tokens, tiles_n,
-             FixedRowTiles{(tiles_m + kClusterM - 1) / kClusterM}},
+             FixedRowTiles{tiles_m}},
             p,
             args.hw_info.sm_count};
   }
 
-  // Persistent: min(max_ctas, tiles), in whole clusters (max_ctas: CTAs of the clusters that can be
-  // resident at once).
+  // Persistent: min(max_ctas, tiles).
   static dim3 get_grid_shape(Params const& params) {
     const int64_t tiles = int64_t(params.problem.num_experts) * params.scheduler.row_tiles.tiles *
-                          params.scheduler.tiles_n * kClusterM;
+                          params.scheduler.tiles_n;
     return dim3(static_cast<unsigned>(tiles < params.max_ctas ? tiles : params.max_ctas));
   }
 
@@ -296,25 +288,20 @@ class MoeWgradKernel {
   // Issues one K block of an operand, box by box (the collective's load() does it in one copy). The
   // partitions are ((box, boxes), 1, 1): the boxes run along M (A) or N (B). A box that lies wholly
   // past the operand's extent there (the last tile when M or N is not a multiple of the tile) is
-  // loaded from the box `first` starts with instead: the tile's first box, which is inside. TMA
-  // would zero-fill it without reading, but the H200 faulted on such boxes when the operand ended at
-  // the end of mapped memory. Those shared memory rows only feed accumulator rows (or columns) past
-  // M (or N), which are never stored, and the transaction bytes stay those of the full tile.
-  // `first` is `g` itself, except for B in a cluster, where g holds this CTA's part of the tile and
-  // first the part of the cluster's first CTA.
+  // loaded from the tile's first box instead. TMA would zero-fill it without reading, but the H200
+  // faulted on such boxes when the operand ended at the end of mapped memory. Those shared memory
+  // rows only feed accumulator rows (or columns) past M (or N), which are never stored, and the
+  // transaction bytes stay those of the full tile.
   template <class Tma, class TensorG, class TensorS, class TensorC>
-  CUTLASS_DEVICE static void load_boxes(Tma const& tma, TensorG const& g, TensorG const& first, TensorS const& s,
-                                        TensorC const& c, int extent) {
+  CUTLASS_DEVICE static void load_boxes(Tma const& tma, TensorG const& g, TensorS const& s, TensorC const& c,
+                                        int extent) {
     using namespace cute;
     static_assert(decltype(size<1>(g) * size<2>(g))::value == 1, "one K box per block");
     constexpr int kBoxes = decltype(size<1>(get<0>(g.shape())))::value;
     CUTLASS_PRAGMA_UNROLL
     for (int box = 0; box < kBoxes; ++box) {
-      if (get<0>(c(make_coord(0, box), 0, 0)) >= extent) {
-        copy(tma, first(make_coord(_, 0), _, _), s(make_coord(_, box), _, _));
-      } else {
-        copy(tma, g(make_coord(_, box), _, _), s(make_coord(_, box), _, _));
-      }
+      const bool outside = get<0>(c(make_coord(0, box), 0, 0)) >= extent;
+      copy(tma, g(make_coord(_, outside ? 0 : box), _, _), s(make_coord(_, box), _, _));
     }
   }
 };
@@ -345,22 +332,13 @@ CUTLASS_DEVICE void MoeWgradKernel<Element, ElementOut, Config>::operator()(Para
   pipeline_params.transaction_bytes = params.mainloop.tma_transaction_bytes;
   Pipeline pipeline(storage.pipeline, pipeline_params, ClusterShape{});
 
-  // Barrier initialization is visible to every warp (of the cluster: the peer signals ours).
-  if constexpr (kClusterM > 1) {
-    cute::cluster_arrive_relaxed();
-    cute::cluster_wait();
-  } else {
-    __syncthreads();
-  }
+  __syncthreads();  // barrier initialization is visible to every warp
 
   Scheduler scheduler(params.scheduler);
   Mainloop mainloop;
   const WgradProblemShape& p = params.problem;
-  // Both CTAs of a cluster take the same cluster tiles; this CTA's row tile is the rank-th of each.
-  const int rank = kClusterM > 1 ? static_cast<int>(cute::block_rank_in_cluster()) : 0;
-  const int64_t first = blockIdx.x / kClusterM;
-  const int64_t grid = gridDim.x / kClusterM;
-  const int tiles_m = (p.m + kTileM - 1) / kTileM;
+  const int64_t first = blockIdx.x;
+  const int64_t grid = gridDim.x;
   auto k_blocks = [](MoeTile const& tile) { return (tile.rows + kTileK - 1) / kTileK; };
 
   if (warp_group == 0) {
@@ -371,9 +349,7 @@ CUTLASS_DEVICE void MoeWgradKernel<Element, ElementOut, Config>::operator()(Para
     Tensor sA = make_tensor(make_smem_ptr(storage.tensors.smem_A.data()), typename Mainloop::SmemLayoutA{});
     Tensor sB = make_tensor(make_smem_ptr(storage.tensors.smem_B.data()), typename Mainloop::SmemLayoutB{});
     auto tma_a = params.mainloop.tma_load_a.get_slice(Int<0>{});
-    auto tma_b = params.mainloop.tma_load_b.get_slice(rank);  // this CTA's part of B, multicast
-    auto tma_b_first = params.mainloop.tma_load_b.get_slice(0);
-    const uint16_t mcast_b = static_cast<uint16_t>((1u << kClusterM) - 1);
+    auto tma_b = params.mainloop.tma_load_b.get_slice(Int<0>{});
     Tensor tAsA = tma_a.partition_D(sA);  // (TMA, TMA_M, TMA_K, PIPE)
     Tensor tBsB = tma_b.partition_D(sB);  // (TMA, TMA_N, TMA_K, PIPE)
     const bool elected = cute::elect_one_sync();
@@ -381,9 +357,6 @@ CUTLASS_DEVICE void MoeWgradKernel<Element, ElementOut, Config>::operator()(Para
     for (int64_t index = first;; index += grid) {
       MoeTile tile = scheduler.tile(index);
       if (!tile.valid) break;
-      // A cluster's last row tile may lie past M (odd tiles_m): it loads the last real one (its
-      // results are never stored), as its peer needs its share of B.
-      tile.m_tile = min(tile.m_tile * kClusterM + rank, tiles_m - 1);
       // Each box's first row (A) or column (B) of dW, to spot the boxes wholly past M or N.
       Tensor tAcA = tma_a.partition_S(local_tile(make_identity_tensor(make_shape(p.m, Int<kTileK>{})),
                                                  select<0, 2>(TileShape{}), make_coord(tile.m_tile, 0)));
@@ -398,26 +371,14 @@ CUTLASS_DEVICE void MoeWgradKernel<Element, ElementOut, Config>::operator()(Para
                                make_coord(tile.m_tile, 0, 0));  // (BLK_M, BLK_K)
         Tensor gB = local_tile(domain_offset(make_coord(0, kTileK - r, end), mB), select<1, 2>(TileShape{}),
                                make_coord(tile.n_tile, 0, 0));  // (BLK_N, BLK_K)
-        // In a cluster each CTA loads K rows [rank * kHalfK, +kHalfK) of B's box (TMA multicast splits
-        // the box along its outer mode). Where the block has r <= rank * kHalfK rows, this CTA's part
-        // lies wholly past the view's K extent: TMA zero-fills it, but such boxes faulted when their
-        // rows lay past the end of mapped memory (load_boxes). The part is then read at an end row
-        // that keeps its rows inside x, [end_b - r + rank * kHalfK, +kHalfK) in [0, T) (T >= kHalfK,
-        // can_implement): still wholly past the K extent, still zeros.
-        Tensor gB_part = gB;
-        if (kClusterM > 1 && rank * kHalfK >= r) {
-          const int end_b = min(end, p.num_tokens + r - rank * kHalfK - kHalfK);
-          gB_part = local_tile(domain_offset(make_coord(0, kTileK - r, end_b), mB), select<1, 2>(TileShape{}),
-                               make_coord(tile.n_tile, 0, 0));
-        }
         pipeline.producer_acquire(write_state);
         if (elected) {
           auto* barrier = pipeline.producer_get_barrier(write_state);
           const int stage = write_state.index();
-          const auto tAgA = tma_a.partition_S(gA);
-          load_boxes(params.mainloop.tma_load_a.with(*barrier), tAgA, tAgA, tAsA(_, _, _, stage), tAcA, p.m);
-          load_boxes(params.mainloop.tma_load_b.with(*barrier, mcast_b), tma_b.partition_S(gB_part),
-                     tma_b_first.partition_S(gB), tBsB(_, _, _, stage), tBcB, p.n);
+          load_boxes(params.mainloop.tma_load_a.with(*barrier), tma_a.partition_S(gA), tAsA(_, _, _, stage), tAcA,
+                     p.m);
+          load_boxes(params.mainloop.tma_load_b.with(*barrier), tma_b.partition_S(gB), tBsB(_, _, _, stage), tBcB,
+                     p.n);
         }
         ++write_state;
       }
@@ -433,7 +394,6 @@ CUTLASS_DEVICE void MoeWgradKernel<Element, ElementOut, Config>::operator()(Para
     for (int64_t index = first;; index += grid) {
       MoeTile tile = scheduler.tile(index);
       if (!tile.valid) break;
-      tile.m_tile = tile.m_tile * kClusterM + rank;  // past M: computed, never stored
       const int blocks = k_blocks(tile);
       if (blocks == 0 && params.epilogue.accumulate) continue;  // adds nothing: dW[e] is left as it is
       Tensor accum = partition_fragment_C(tiled_mma, take<0, 2>(TileShape{}));

@@ -51,11 +51,7 @@ void WgradMoeInstance<kDType, kOutDType, kConfig>::run(const MoeWgradProblem& p,
                                                                  << op.n << ", E = " << p.num_experts
                                                                  << " with these strides");
   const typename Kernel::Params params = Kernel::to_underlying_arguments(args, workspace);
-  if constexpr (Kernel::kClusterM > 1) {
-    launch_one_cta_per_sm_in_clusters<Kernel, Kernel::kClusterM>(params, device, stream, "the sm90 MoE wgrad kernel");
-  } else {
-    launch_one_cta_per_sm<Kernel>(params, device, stream, "the sm90 MoE wgrad kernel");
-  }
+  launch_one_cta_per_sm<Kernel>(params, device, stream, "the sm90 MoE wgrad kernel");
 }
 
 }  // namespace cutlass_moe::sm90

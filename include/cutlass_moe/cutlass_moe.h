@@ -87,9 +87,8 @@ enum class KernelConfig : int {
   kSm80_64x128x32_32x64_s4 = 6,   // small M per expert (decode)
   kSm80_128x128x32_64x64_s4 = 7,  // large M per expert (prefill)
   kSm90Cooperative_128x256x64_1x1x1 = 8,
-  kSm90Cooperative_128x256x64_2x1x1 = 9,  // the MoE wgrad kernel: 2-CTA clusters sharing grad_out's tile
 };
-constexpr int kNumKernelConfigs = 10;  // configs 0 .. kNumKernelConfigs - 1
+constexpr int kNumKernelConfigs = 9;  // configs 0 .. kNumKernelConfigs - 1
 
 enum class Status : int {
   kSuccess = 0,

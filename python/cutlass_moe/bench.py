@@ -8,9 +8,9 @@ of the grouped-GEMM blog this project started from), and torch.bmm where every e
 rows. Checks every result against a float32 reference, prints a table (ms, TFLOP/s, fraction of the
 roofline floor, speedup over each peer and over the best one) and writes JSON.
 
-``--plot out.png`` runs the blog's sweep (the seed000-g8 ... g128 cases: 8 to 128 groups of one
-problem) unless --cases is given, and draws each provider's time against the number of groups
-(matplotlib, an optional extra: ``pip install matplotlib``).
+``--plot out.png`` draws each provider's time against the number of groups over the blog's sweep
+(the seed000-g8 ... g128 cases: 8 to 128 groups of one problem), or over the cases run when --cases
+leaves the sweep out (matplotlib, an optional extra: ``pip install matplotlib``).
 
 The floor of a case is max(FLOPs / peak, bytes / bandwidth), with bytes = x + the weights of
 experts that have tokens + out, each once. It is given twice: with the H200 rates the public cases
@@ -328,8 +328,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--rep-ms", type=float, default=100.0)
     parser.add_argument("--no-check", action="store_true", help="skip the float32 reference check")
     parser.add_argument("--plot", default=None, metavar="PNG",
-                        help="draw time against the number of groups for every provider (the seed000-g* sweep "
-                             "unless --cases is given; needs matplotlib)")
+                        help="draw time against the number of groups for every provider (over the seed000-g* "
+                             "sweep; needs matplotlib)")
     args = parser.parse_args(argv)
 
     cases = load_cases()
@@ -340,8 +340,6 @@ def main(argv: Optional[List[str]] = None) -> int:
         if unknown:
             parser.error(f"unknown case(s): {', '.join(sorted(unknown))}")
         cases = [c for c in cases if c["name"] in wanted]
-    elif args.plot:
-        cases = [c for c in cases if c["name"].startswith(SWEEP_PREFIX)]
 
     if not torch.cuda.is_available():
         print("cutlass_moe.bench: no CUDA GPU is visible, so nothing was timed. The kernels need an sm90 "
@@ -376,8 +374,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     print(f"done in {time.time() - started:.0f} s", file=sys.stderr)
 
     print_table(rows, ceilings)
-    if args.plot:
-        plot(rows, args.plot, name)
+    if args.plot:  # the sweep's cases where they ran, else every case run
+        plot([r for r in rows if r["name"].startswith(SWEEP_PREFIX)] or rows, args.plot, name)
     result = {"device": name, "torch": torch.__version__, "dtype": args.dtype, "backend": args.backend,
               "config": args.config, "variants": args.variants,
               "ceilings": ceilings, "cases": rows}

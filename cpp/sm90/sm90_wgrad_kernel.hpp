@@ -56,11 +56,7 @@ template <class ElementOut, class TiledMma, int kTileM, int kTileN>
 class WgradTmaStoreEpilogue {
  public:
   // The whole tile stays in flight (4 slices of 64 columns in 16 bits, half of it in fp32).
-  // CUTLASS_MOE_WGRAD_STORE_BUFFERS (an experiment knob, default 4) trades staging for mainloop stages.
-#ifndef CUTLASS_MOE_WGRAD_STORE_BUFFERS
-#define CUTLASS_MOE_WGRAD_STORE_BUFFERS 4
-#endif
-  using Staging = CooperativeSliceStaging<ElementOut, TiledMma, kTileM, kTileN, CUTLASS_MOE_WGRAD_STORE_BUFFERS>;
+  using Staging = CooperativeSliceStaging<ElementOut, TiledMma, kTileM, kTileN, /*kBuffers=*/4>;
   static constexpr int kRows = Staging::kRows;
   static constexpr int kStoreCols = Staging::kStoreCols;
   using SmemLayout = typename Staging::SmemLayout;

@@ -1,0 +1,269 @@
+"""Training speed: the weight gradient alone, forward + backward of one moe_gemm, a small MoE model
+trained with torch.compile, and host time per call, each against torch._grouped_mm in the same run.
+
+  wgrad      moe_gemm_wgrad (dW in bf16, and accumulated into fp32) against the 2D x 2D call torch's
+             autograd makes, torch._grouped_mm(x.t(), dy, offs=offs). Floor: max(FLOPs / 790 TFLOP/s,
+             (x + dy) / 4.36 TB/s + dW / the write bandwidth measured here (a 4 GiB fill)).
+  fwdbwd     y = moe_gemm(x, w, counts); y.backward(dy) against the same with torch._grouped_mm.
+  train      a two-layer MoE model, 50 steps of AdamW on a toy regression task, under
+             torch.compile(fullgraph=True), ours against torch._grouped_mm from the same weights and
+             data: per-step loss agreement and the median step time after warm-up (optimizer step
+             included, compile time excluded).
+  host       host us per call (1000 back-to-back calls, then one synchronize) of moe_gemm,
+             torch._grouped_mm and torch.mm on a tiny problem, and per weight tensor over a model's
+             worth (48 layers x 3 projections), under torch.no_grad() and with grad.
+
+The shapes are the public prefill cases' (qwen3-30b, dsv3, mixtral, gpt-oss), bf16, with their
+tokens_per_expert from cutlass_moe.bench. Times: triton.testing.do_bench medians (via bench._do_bench).
+
+To run (on the GPU machine): python3 benchmarks/training_bench.py [--parts wgrad,fwdbwd,train,host]
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import time
+
+import torch
+
+import cutlass_moe
+from cutlass_moe import bench
+
+SHAPES = ["qwen3-30b-prefill", "dsv3-prefill", "mixtral-prefill", "gptoss-120b-prefill"]
+BF16 = torch.bfloat16
+
+
+def write_bandwidth() -> float:
+    """TB/s of filling a 4 GiB tensor."""
+    buf = torch.empty(4 << 30, dtype=torch.uint8, device="cuda")
+    ms = bench._do_bench(lambda: buf.fill_(1), 25, 200)
+    del buf
+    return (4 << 30) / (ms * 1e-3) / 1e12
+
+
+def shape_data(name, cases, counts_by_case):
+    case = next(c for c in cases if c["name"] == name)
+    t, k, n, e = case["T"], case["K"], case["N"], case["E"]
+    counts = counts_by_case[name]
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(t, k, device="cuda", dtype=BF16, generator=gen)
+    w = torch.randn(e, k, n, device="cuda", dtype=BF16, generator=gen) * k ** -0.5
+    dy = torch.randn(t, n, device="cuda", dtype=BF16, generator=gen) * 0.1
+    return case, counts, x, w, dy
+
+
+def wgrad_families():
+    """The sm90 wgrad families of this build with a bf16 instance, and its config: {family: config}."""
+    families = {}
+    for name in cutlass_moe.built_configs():
+        arch, family, dtype, out_dtype, config = name.split(":")
+        if arch == "sm90" and family.startswith("wgrad_") and dtype == out_dtype == "bf16":
+            families.setdefault(family[len("wgrad_"):], config)
+    return families
+
+
+def part_wgrad(cases, counts_by_case, write_tbps):
+    print(f"\nwgrad (write bandwidth measured: {write_tbps:.2f} TB/s)")
+    print(f"{'shape':<20} {'zero E':>6} {'ours ms':>8} {'torch ms':>8} {'speedup':>7} {'floor ms':>8} {'%floor':>7} "
+          f"{'fp32 acc ms':>11} {'rel err':>8}")
+    fractions = []
+    for name in SHAPES:
+        case, counts, x, w, dy = shape_data(name, cases, counts_by_case)
+        t, k, n, e = case["T"], case["K"], case["N"], case["E"]
+        counts_gpu = counts.to("cuda", torch.int32)
+        offs = torch.cumsum(counts_gpu, 0, dtype=torch.int32)
+        ours = lambda: cutlass_moe.moe_gemm_wgrad(x, dy, counts_gpu)
+        theirs = lambda: torch._grouped_mm(x.t(), dy, offs=offs)
+        configs = {f: (lambda f=f: cutlass_moe.moe_gemm_wgrad(x, dy, counts_gpu, backend=f))
+                   for f in wgrad_families()}
+        main_grad = torch.zeros(e, k, n, device="cuda")
+        acc = lambda: cutlass_moe.moe_gemm_wgrad(x, dy, counts_gpu, out=main_grad, accumulate=True)
+        got, ref = ours().float(), theirs().float()
+        err = max(float((got[i] - ref[i]).norm() / ref[i].norm().clamp_min(1e-30)) for i in range(e)
+                  if int(counts[i]) > 0)
+        times = {}
+        runners = [ours, theirs, acc] + (list(configs.values()) if len(configs) > 1 else [])
+        for order in (runners, runners[::-1]):
+            for fn in order:
+                times[fn] = min(times.get(fn, math.inf), bench._do_bench(fn, 25, 100))
+        active = int((counts > 0).sum())
+        flops_ms = 2.0 * t * k * n / 790e12 * 1e3
+        bytes_ms = (2 * (t * k + t * n) / 4.36e12 + 2 * active * k * n / (write_tbps * 1e12)) * 1e3
+        floor = max(flops_ms, bytes_ms)
+        fractions.append(floor / times[ours])
+        print(f"{name:<20} {e - active:>6} {times[ours]:8.3f} {times[theirs]:8.3f} {times[theirs] / times[ours]:7.2f} "
+              f"{floor:8.3f} {100 * floor / times[ours]:6.1f}% {times[acc]:11.3f} {err:8.1e}"
+              + ("".join(f"  {c}={times[fn]:.3f}" for c, fn in configs.items()) if len(configs) > 1 else ""))
+        del main_grad, x, w, dy
+        torch.cuda.empty_cache()
+    geo = math.exp(sum(math.log(f) for f in fractions) / len(fractions))
+    print(f"floor fraction: geomean {geo:.2f}, min {min(fractions):.2f}")
+
+
+def part_fwdbwd(cases, counts_by_case):
+    print("\nforward + backward of one GEMM (y, dx, dW)")
+    print(f"{'shape':<20} {'ours ms':>8} {'torch ms':>8} {'speedup':>7}")
+    speedups = []
+    for name in SHAPES:
+        case, counts, x, w, dy = shape_data(name, cases, counts_by_case)
+        counts_gpu = counts.to("cuda", torch.int32)
+        offs = torch.cumsum(counts_gpu, 0, dtype=torch.int32)
+        xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
+
+        def ours():
+            xg.grad = wg.grad = None
+            cutlass_moe.moe_gemm(xg, wg, counts_gpu).backward(dy)
+
+        def theirs():
+            xg.grad = wg.grad = None
+            torch._grouped_mm(xg, wg, offs=offs).backward(dy)
+
+        times = {}
+        for order in ((ours, theirs), (theirs, ours)):
+            for fn in order:
+                times[fn] = min(times.get(fn, math.inf), bench._do_bench(fn, 25, 100))
+        speedups.append(times[theirs] / times[ours])
+        print(f"{name:<20} {times[ours]:8.3f} {times[theirs]:8.3f} {speedups[-1]:7.2f}")
+        del xg, wg, x, w, dy
+        torch.cuda.empty_cache()
+    geo = math.exp(sum(math.log(s) for s in speedups) / len(speedups))
+    print(f"speedup over torch._grouped_mm autograd: geomean {geo:.2f}x, min {min(speedups):.2f}x")
+
+
+class Block(torch.nn.Module):
+    """A Mixtral-style MoE layer: router, top-k, gate/up/down projections through `gemm`."""
+
+    def __init__(self, experts, hidden, inter, top_k, gemm):
+        super().__init__()
+        self.top_k, self.gemm, self.experts = top_k, gemm, experts
+        self.router = torch.nn.Linear(hidden, experts, bias=False)
+        self.w_gate = torch.nn.Parameter(torch.randn(experts, hidden, inter) * hidden ** -0.5)
+        self.w_up = torch.nn.Parameter(torch.randn(experts, hidden, inter) * hidden ** -0.5)
+        self.w_down = torch.nn.Parameter(torch.randn(experts, inter, hidden) * inter ** -0.5)
+
+    def forward(self, x):
+        probs, chosen = torch.topk(torch.softmax(self.router(x).float(), dim=-1), self.top_k, dim=-1)
+        flat = chosen.flatten()
+        order = torch.argsort(flat, stable=True)
+        counts = torch.zeros(self.experts, dtype=torch.int32, device=x.device).index_add_(
+            0, flat, torch.ones_like(flat, dtype=torch.int32))
+        xs = x[order // self.top_k]
+        h = torch.nn.functional.silu(self.gemm(xs, self.w_gate, counts)) * self.gemm(xs, self.w_up, counts)
+        ys = self.gemm(h, self.w_down, counts)
+        out = torch.zeros(x.shape[0] * self.top_k, x.shape[1], dtype=ys.dtype, device=x.device).index_copy(0, order, ys)
+        return x + (out.view(x.shape[0], self.top_k, -1) * probs.to(ys.dtype).unsqueeze(-1)).sum(1)
+
+
+def ours_gemm(xs, w, counts):
+    return cutlass_moe.moe_gemm(xs, w, counts)
+
+
+def torch_gemm(xs, w, counts):
+    return torch._grouped_mm(xs, w, offs=torch.cumsum(counts, 0, dtype=torch.int32))
+
+
+def train(gemm, state, data, steps, mode):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[Block(32, 1024, 2048, 4, gemm) for _ in range(2)]).to("cuda", BF16)
+    model.load_state_dict(state)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    step_fn = torch.compile(model, fullgraph=True, mode=mode)
+    losses, times = [], []
+    for i in range(steps):
+        x, target = data[i]
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        loss = torch.nn.functional.mse_loss(step_fn(x).float(), target)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+        losses.append(float(loss.detach()))
+    return losses, times
+
+
+def part_train(steps=50, warmup=10):
+    print("\ntraining: 2 MoE layers (32 experts, top-4, hidden 1024, inter 2048), 4096 tokens/step, bf16, AdamW, "
+          f"torch.compile(fullgraph=True), {steps} steps")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[Block(32, 1024, 2048, 4, ours_gemm) for _ in range(2)]).to("cuda", BF16)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    proj = torch.randn(1024, 1024, device="cuda", generator=gen) * 1024 ** -0.5
+    data = []
+    for _ in range(steps):
+        x = torch.randn(4096, 1024, device="cuda", generator=gen).to(BF16)
+        data.append((x, torch.tanh(x.float() @ proj)))
+    # The default mode launches every kernel from the host; "reduce-overhead" replays CUDA graphs
+    # (no host sync in either op, so the counts can change between replays).
+    for mode in ("default", "reduce-overhead"):
+        torch._dynamo.reset()
+        ours_losses, ours_times = train(ours_gemm, state, data, steps, mode)
+        torch._dynamo.reset()
+        torch_losses, torch_times = train(torch_gemm, state, data, steps, mode)
+        worst = max(abs(a - b) / abs(b) for a, b in zip(ours_losses, torch_losses))
+        ours_ms = statistics.median(ours_times[warmup:]) * 1e3
+        torch_ms = statistics.median(torch_times[warmup:]) * 1e3
+        print(f"mode={mode}: loss step 0 / {steps - 1}: ours {ours_losses[0]:.5f} / {ours_losses[-1]:.5f}, "
+              f"torch._grouped_mm {torch_losses[0]:.5f} / {torch_losses[-1]:.5f}; worst relative difference "
+              f"{worst:.2e}; median step after {warmup} warm-up steps: ours {ours_ms:.2f} ms, torch._grouped_mm "
+              f"{torch_ms:.2f} ms ({torch_ms / ours_ms:.2f}x)")
+
+
+def per_call_us(fn, calls=1000):
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) / calls * 1e6
+
+
+def part_host():
+    e, t, k, n = 8, 64, 128, 128
+    x = torch.randn(t, k, device="cuda", dtype=BF16)
+    w = torch.randn(e, k, n, device="cuda", dtype=BF16)
+    counts = torch.full((e,), t // e, device="cuda", dtype=torch.int32)
+    offs = torch.cumsum(counts, 0, dtype=torch.int32)
+    b = torch.randn(k, n, device="cuda", dtype=BF16)
+    layers = [torch.randn(e, k, n, device="cuda", dtype=BF16) for _ in range(48 * 3)]
+    xg = x.clone().requires_grad_()
+    print(f"\nhost us per call (E={e} T={t} K={k} N={n}, bf16; loop: per weight tensor over 48 x 3)")
+    print(f"{'':<14} {'moe_gemm':>9} {'_grouped_mm':>11} {'torch.mm':>9} {'ratio to mm':>11}")
+    for label, grad in (("no_grad", False), ("with grad", True)):
+        a = xg if grad else x
+        with torch.set_grad_enabled(grad):
+            row = [per_call_us(lambda: cutlass_moe.moe_gemm(a, w, counts)),
+                   per_call_us(lambda: torch._grouped_mm(a, w, offs=offs)),
+                   per_call_us(lambda: torch.mm(a, b))]
+            print(f"{label + ' call':<14} {row[0]:9.1f} {row[1]:11.1f} {row[2]:9.1f} {row[0] / row[2]:11.2f}")
+            loop = [per_call_us(lambda: [cutlass_moe.moe_gemm(a, l, counts) for l in layers], 20) / len(layers),
+                    per_call_us(lambda: [torch._grouped_mm(a, l, offs=offs) for l in layers], 20) / len(layers),
+                    per_call_us(lambda: [torch.mm(a, l[0]) for l in layers], 20) / len(layers)]
+            print(f"{label + ' loop':<14} {loop[0]:9.1f} {loop[1]:11.1f} {loop[2]:9.1f} {loop[0] / loop[2]:11.2f}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--parts", default="wgrad,fwdbwd,train,host")
+    args = parser.parse_args()
+    parts = args.parts.split(",")
+    cases = bench.load_cases()
+    counts_by_case = bench.case_counts(cases)
+    print(f"training_bench on {torch.cuda.get_device_name()}, torch {torch.__version__}")
+    if "wgrad" in parts:
+        part_wgrad(cases, counts_by_case, write_bandwidth())
+    if "fwdbwd" in parts:
+        part_fwdbwd(cases, counts_by_case)
+    if "train" in parts:
+        part_train()
+    if "host" in parts:
+        part_host()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,54 @@
+// Picks a kernel family and configuration from what the host knows without reading the counts:
+// the device's architecture, the average rows per expert (T / E), N and K.
+#include "cutlass_moe/cutlass_moe.h"
+#include "launch_facts.h"
+
+namespace cutlass_moe {
+namespace {
+
+// On Ampere/Ada (no sm90 kernels): the sm80 MoE kernel, which needs no argument-building launch.
+Backend select_sm80_backend(const MoeGemmProblem&) { return Backend::kSm80Moe; }
+
+}  // namespace
+
+Backend select_backend(const MoeGemmProblem& problem, int device) {
+  if (device >= 0 && device_facts(device).cc / 10 == 8) {
+    return select_sm80_backend(problem);
+  }
+  // The MoE family, with the config select_config picks, measured faster than the grouped family
+  // on every public case, and costs less host time per call (no workspace, one launch):
+  // benchmarks/NOTES.md.
+  return Backend::kMoe;
+}
+
+KernelConfig select_config(const MoeGemmProblem& problem, Backend backend, int /*device*/) {
+  if (backend == Backend::kSm80Grouped || backend == Backend::kSm80Moe) {
+    // Same reasoning as sm90: a 64-row tile wastes less on each expert's partial last tile.
+    return problem.num_tokens / (problem.num_experts > 0 ? problem.num_experts : 1) <= 64
+               ? KernelConfig::kSm80_64x128x32_32x64_s4
+               : KernelConfig::kSm80_128x128x32_64x64_s4;
+  }
+  const int64_t experts = problem.num_experts > 0 ? problem.num_experts : 1;
+  const int64_t rows_per_expert = problem.num_tokens / experts;
+  if (backend == Backend::kMoe) {
+    // The 128x256 cooperative tile reads each weight tile once per 128 rows: it wins with deep K
+    // and more than 64 rows per expert, and with thousands of rows per expert. The 64x256 pingpong
+    // tile pads each expert's last tile less: it wins on decode and at K <= 2048 with hundreds of
+    // rows per expert. Measurements: benchmarks/NOTES.md ("TMA-store epilogue").
+    if (rows_per_expert > 64 && (problem.k >= 2560 || rows_per_expert >= 2048)) {
+      return KernelConfig::kSm90Cooperative_128x256x64_1x1x1;
+    }
+    return KernelConfig::kSm90Pingpong_64x256x64_1x1x1;
+  }
+  // The 64x256 pingpong tile wastes the least on each expert's last, partial tile and overlaps one
+  // tile's epilogue with the next one's mainloop: it is the pick from decode through a few hundred
+  // rows per expert. With thousands of rows per expert the 128x256 cooperative tile with a 1x2
+  // cluster (x tile multicast to both CTAs) wins. Measurements: benchmarks/NOTES.md (sm90 grouped
+  // family: tile configs).
+  if (rows_per_expert >= 2048) {
+    return KernelConfig::kSm90Cooperative_128x256x64_1x2x1;
+  }
+  return KernelConfig::kSm90Pingpong_64x256x64_1x1x1;
+}
+
+}  // namespace cutlass_moe

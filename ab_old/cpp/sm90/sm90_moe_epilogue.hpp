@@ -1,0 +1,398 @@
+// Epilogues of the sm90 MoE kernel, and the fusion interface both call.
+//
+// A consumer warp group finishes a tile with its accumulators in registers, in the GMMA layout:
+// each thread holds pairs of adjacent columns of some rows. Both epilogues walk those pairs and
+// hand each one to the Fusion, which returns what to store; only then do they differ in how the
+// values reach out:
+//   - PingpongStagedEpilogue (pingpong configs): the consumer stages its tile in shared memory 64
+//     columns at a time, then writes whole 16-byte vectors, coalesced along rows and clipped to the
+//     expert's rows and to N. The other consumer's mainloop runs meanwhile.
+//   - CooperativeTmaStoreEpilogue (cooperative configs): both consumers finish each tile together,
+//     so a synchronous epilogue would idle the tensor cores. Each consumer writes 64-column slices
+//     into swizzled shared memory, and one of its threads stores each slice with an asynchronous TMA
+//     copy through the ragged view of out (sm90_moe_descriptors.hpp) while the consumer goes on to
+//     its next tile.
+//
+// The fusion interface (LinearFusion is the identity):
+//   Arguments, Params, to_underlying_arguments(Arguments)  host -> device parameters
+//   kOutputsPerPair     2: one output per accumulator column; 1: a gated fusion combining a
+//                       (gate, up) pair into one output, so the output has half the columns
+//   kReadsOutput        whether visit() needs out's current values (accumulating into out)
+//   begin_tile(expert)  once per tile and thread, before its visits (per-expert state: a bias row)
+//   visit(acc, row, col) the accumulators of out[row][col], out[row][col + 1] (row and col index
+//                       out and the accumulator columns), returning kOutputsPerPair values. Rows
+//                       past the expert's last row (a partial tile) are visited too and their
+//                       values never stored: a fusion that reads per-row data must bound the row.
+// These epilogues implement kOutputsPerPair == 2 and kReadsOutput == false. The kernel's runtime
+// fused epilogue (FusedEpilogue in fused_epilogue.hpp: bias, activation, row scale) works on the
+// accumulators before store(); when it is gated, it leaves each (gate, up) pair's output in the
+// pair's first value, and store() writes those alone (Params::gated, out with N/2 columns).
+#pragma once
+
+#include "sm90/sm90_tma_encode.hpp"  // first: routes every TMA encode through a checked call
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/cutlass.h>
+#include <cutlass/numeric_conversion.h>
+
+#include "moe_tile_scheduler.hpp"
+#include "sm90/sm90_moe_descriptors.hpp"
+
+namespace cutlass_moe::sm90 {
+
+// out = accumulators, converted to the output type.
+template <class ElementOut>
+struct LinearFusion {
+  struct Arguments {};
+  struct Params {};
+  static constexpr int kOutputsPerPair = 2;
+  static constexpr bool kReadsOutput = false;
+
+  static Params to_underlying_arguments(Arguments const&) { return {}; }
+
+  CUTLASS_DEVICE explicit LinearFusion(Params const&) {}
+  CUTLASS_DEVICE void begin_tile(int /*expert*/) {}
+  CUTLASS_DEVICE cutlass::Array<ElementOut, 2> visit(cutlass::Array<float, 2> const& acc, int /*row*/,
+                                                     int /*col*/) const {
+    return cutlass::NumericArrayConverter<ElementOut, float, 2>{}(acc);
+  }
+};
+
+template <class Fusion>
+constexpr void check_supported_fusion() {
+  static_assert(Fusion::kOutputsPerPair == 2, "the MoE epilogues store one output per accumulator column");
+  static_assert(!Fusion::kReadsOutput, "the MoE epilogues do not read out");
+}
+
+// Pingpong: a consumer owns whole tiles (kTileM x kTileN) and stores them through its own staging
+// buffer, kCols columns at a time. Rows are padded by 16 bytes so that both the fragment writes (8
+// rows x 4 adjacent words per warp) and the 16-byte row reads are free of bank conflicts.
+template <class Element, class TiledMma, int kTileM, int kTileN, class Fusion>
+class PingpongStagedEpilogue {
+ public:
+  static constexpr int kConsumers = 2;
+  static constexpr int kRows = kTileM;
+  static constexpr int kCols = 64;
+  static constexpr int kPitch = kCols + 8;
+  static_assert(kTileN % kCols == 0);
+
+  struct SharedStorage {
+    cute::array_aligned<Element, kRows * kPitch, 128> tile[kConsumers];
+  };
+  struct Arguments {
+    Element* ptr_out;
+    int64_t ldout;
+    bool gated;  // out has N/2 columns (kernel's FusedEpilogue)
+    typename Fusion::Arguments fusion;
+  };
+  struct Params {
+    Element* out;
+    int64_t ldout;
+    int out_cols;  // N, or N/2 when gated
+    bool gated;
+    typename Fusion::Params fusion;
+  };
+
+  static Params to_underlying_arguments(MoeProblemShape const& problem, Arguments const& args, int /*device*/) {
+    return {args.ptr_out, args.ldout, args.gated ? problem.n / 2 : problem.n, args.gated,
+            Fusion::to_underlying_arguments(args.fusion)};
+  }
+
+  CUTLASS_DEVICE static void prefetch_tma_descriptors(Params const&) {}
+
+  // `consumer` is the warp group's index among the consumers, `thread` its thread's index in it
+  // (and in its one-warp-group tiled MMA); the consumer's named barrier is `consumer`.
+  CUTLASS_DEVICE PingpongStagedEpilogue(Params const& params, SharedStorage& storage, int consumer, int thread)
+      : params_(params), staging_(storage.tile[consumer].data()), consumer_(consumer), thread_(thread) {
+    check_supported_fusion<Fusion>();
+  }
+
+  template <class Accumulators>
+  CUTLASS_DEVICE void store(MoeTile const& tile, Accumulators const& accum) {
+    if (params_.gated) {
+      store<2>(tile, accum);
+    } else {
+      store<1>(tile, accum);
+    }
+  }
+
+  CUTLASS_DEVICE void store_tail() {}
+
+ private:
+  // kPack accumulator columns per output column: 1, or 2 for a gated tile, whose (gate, up) pairs
+  // the fused epilogue has combined into their first values. Each slice covers kCols output
+  // columns, kCols * kPack accumulator columns.
+  template <int kPack, class Accumulators>
+  CUTLASS_DEVICE void store(MoeTile const& tile, Accumulators const& accum) {
+    using namespace cute;
+    constexpr int kThreads = cutlass::NumThreadsPerWarpGroup;
+    constexpr int kVector = 16 / sizeof(Element);  // elements per 16-byte store
+    constexpr int kVectorsPerRow = kCols / kVector;
+    static_assert(kTileN % (kCols * kPack) == 0);
+    TiledMma tiled_mma;
+    Tensor coords = tiled_mma.get_thread_slice(thread_).partition_C(make_identity_tensor(make_shape(Int<kTileM>{}, Int<kTileN>{})));
+    static_assert(decltype(size(coords))::value == decltype(size(accum))::value);
+
+    Fusion fusion(params_.fusion);
+    fusion.begin_tile(tile.expert);
+    const int first_row = tile.row_start + tile.m_tile * kTileM;
+    const int first_col = tile.n_tile * kTileN;  // of the accumulators
+    const int first_out_col = first_col / kPack;
+    const int rows_left = tile.rows - tile.m_tile * kTileM;
+    const int cols_left = params_.out_cols - first_out_col;  // a multiple of 8: vectors are all in or all out
+    Element* out = params_.out + int64_t(first_row) * params_.ldout + first_out_col;
+
+    CUTLASS_PRAGMA_UNROLL
+    for (int slice = 0; slice < kTileN / (kCols * kPack); ++slice) {
+      const int slice_col = slice * kCols;  // of out, in the tile
+      cutlass::arch::NamedBarrier::sync(kThreads, consumer_);  // the previous slice has been read out
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < size(accum); i += 2) {
+        const int row = get<0>(coords(i));
+        const int col = get<1>(coords(i)) - slice_col * kPack;  // coords(i + 1) is (row, col + 1)
+        if (col >= 0 && col < kCols * kPack) {
+          if constexpr (kPack == 1) {
+            *reinterpret_cast<cutlass::Array<Element, 2>*>(staging_ + row * kPitch + col) =
+                fusion.visit({accum(i), accum(i + 1)}, first_row + row, first_col + slice_col + col);
+          } else {
+            staging_[row * kPitch + col / 2] = Element(accum(i));
+          }
+        }
+      }
+      cutlass::arch::NamedBarrier::sync(kThreads, consumer_);
+      CUTLASS_PRAGMA_UNROLL
+      for (int v = thread_; v < kRows * kVectorsPerRow; v += kThreads) {
+        const int row = v / kVectorsPerRow;
+        const int col = v % kVectorsPerRow * kVector;
+        if (row < rows_left && slice_col + col < cols_left) {
+          *reinterpret_cast<uint4*>(out + int64_t(row) * params_.ldout + slice_col + col) =
+              *reinterpret_cast<uint4 const*>(staging_ + row * kPitch + col);
+        }
+      }
+    }
+  }
+
+  Params const& params_;
+  Element* staging_;
+  int consumer_;
+  int thread_;
+};
+
+// The cooperative tiles' staging for TMA stores: the two consumers split each kTileM x kTileN tile
+// by rows, kRows each. Per consumer, kBuffers slices of kRows x kStoreCols in the 128-byte swizzle
+// TMA reads (the fragment writes, 8 rows x 16 bytes per warp, land in 8 different bank groups).
+// A slice's buffer is written while earlier slices are still being stored, and waited for only
+// when it comes round again (kBuffers slices later, possibly in a later tile).
+//
+// Fragment coordinates: the thread's offset plus the value's offset (cute layouts are linear in
+// thread and value); the value offsets are thread 0's coordinates, compile-time constants once the
+// loops unroll. In the GMMA accumulator layout a thread's offset is < 8 in columns
+// (2 x (thread % 4)), thread 0's values sit in rows 0 and 8 and in columns 8j, 8j + 1, so a value's
+// row mod 8 is the thread's. With kChunk elements per 16-byte chunk, the swizzled element offset,
+// row * kStoreCols + ((chunk ^ row % 8) * kChunk) + column % kChunk (SmemLayout), then costs one XOR
+// per store, with no per-value index math kept in registers (cute's generic swizzled indexing
+// spills here).
+template <class Element, class TiledMma, int kTileM, int kTileN, int kBuffers>
+class CooperativeSliceStaging {
+ public:
+  static constexpr int kConsumers = 2;
+  static constexpr int kRows = kTileM / kConsumers;
+  static constexpr int kStoreCols = 128 / static_cast<int>(sizeof(Element));  // one 128-byte swizzle row
+  static constexpr int kChunk = 16 / static_cast<int>(sizeof(Element));       // elements per 16 bytes
+  static constexpr int kSlices = kTileN / kStoreCols;
+  static_assert(kTileN % kStoreCols == 0);
+  static_assert(kChunk <= 8, "a thread's column offset (< 8) spans whole 16-byte chunks");
+
+  using SmemLayout = decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW128_Atom<Element>{},
+                                                  cute::Shape<cute::Int<kRows>, cute::Int<kStoreCols>>{}));
+  using Buffer = cute::array_aligned<Element, kRows * kStoreCols, 1024>;
+  struct SharedStorage {
+    Buffer buffer[kConsumers][kBuffers];
+  };
+
+  // `consumer` is the warp group's index among the consumers, `mma_thread` the thread's index in the
+  // two consumers' tiled MMA (0..255), `thread` its index in its own warp group; the consumer's
+  // named barrier is `consumer`.
+  CUTLASS_DEVICE CooperativeSliceStaging(SharedStorage& storage, int consumer, int mma_thread, int thread)
+      : buffers_(storage.buffer[consumer]), consumer_(consumer), thread_(thread) {
+    using namespace cute;
+    TiledMma tiled_mma;
+    auto identity = make_identity_tensor(make_shape(Int<kTileM>{}, Int<kTileN>{}));
+    const auto offset0 = tiled_mma.get_thread_slice(0).partition_C(identity)(0);
+    const auto coord = tiled_mma.get_thread_slice(mma_thread).partition_C(identity)(0);
+    thread_row_ = get<0>(coord) - get<0>(offset0) - consumer * kRows;
+    thread_col_ = get<1>(coord) - get<1>(offset0);
+  }
+
+  // The thread's first row in its consumer's part and first column, to add to value offsets.
+  CUTLASS_DEVICE int thread_row() const { return thread_row_; }
+  CUTLASS_DEVICE int thread_col() const { return thread_col_; }
+
+  // Stages slice `slice` (output columns [slice * kStoreCols, +kStoreCols)) of the consumer's
+  // accumulators. kPack == 1: value(i, row, col) converts accum(i), accum(i + 1), which sit at
+  // (row, col), (row, col + 1) of the consumer's part, to two outputs. kPack == 2 (gated): each
+  // pair is one output, value(i, row, col) returns it, and the slice covers 2 kStoreCols
+  // accumulator columns. Then thread 0 of the consumer calls issue(sD) on the staged slice, to
+  // start its TMA store and commit it as one bulk group.
+  template <int kPack = 1, class Accumulators, class Value, class Issue>
+  CUTLASS_DEVICE void stage(int slice, Accumulators const& accum, Value&& value, Issue&& issue) {
+    using namespace cute;
+    constexpr int kThreads = cutlass::NumThreadsPerWarpGroup;
+    TiledMma tiled_mma;
+    Tensor offsets = tiled_mma.get_thread_slice(0).partition_C(
+        make_identity_tensor(make_shape(Int<kTileM>{}, Int<kTileN>{})));
+    static_assert(decltype(size(offsets))::value == decltype(size(accum))::value);
+    const int slice_col = slice * kStoreCols;
+    const int swizzle = (thread_row_ % 8) ^ (thread_col_ / kChunk);
+    const int chunk_col = thread_col_ % kChunk;
+
+    // Buffers alternate over the consumer's whole sequence of slices, across tiles: a tile may
+    // store an odd number of slices (N's last tile), and restarting at buffer 0 would then
+    // overwrite a buffer whose store the wait below lets run on.
+    Element* buffer = buffers_[next_buffer_].data();
+    next_buffer_ = (next_buffer_ + 1) % kBuffers;
+    if (thread_ == 0) tma_store_wait<kBuffers - 1>();  // this buffer's last store has read it
+    cutlass::arch::NamedBarrier::sync(kThreads, consumer_);
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < size(accum); i += 2) {
+      const int row = get<0>(offsets(i));
+      const int col = get<1>(offsets(i)) - slice_col * kPack;  // offsets(i + 1) is (row, col + 1)
+      if (col >= 0 && col < kStoreCols * kPack) {
+        if constexpr (kPack == 1) {
+          const int offset = (thread_row_ + row) * kStoreCols + (((col / kChunk) ^ swizzle) * kChunk) + chunk_col;
+          *reinterpret_cast<cutlass::Array<Element, 2>*>(buffer + offset) =
+              value(i, thread_row_ + row, slice_col + col + thread_col_);
+        } else {
+          // The pair's output column is (col + thread_col_) / 2: col / 2 is a multiple of 4 (values
+          // sit at columns 8j, 8j + 1) and thread_col_ / 2 < 4, so the sum stays in col / 2's chunk.
+          static_assert(kChunk == 8, "a gated pair's column offset (< 4) stays inside its 8-element chunk");
+          const int out_col = col / 2;
+          const int offset = (thread_row_ + row) * kStoreCols + (((out_col / kChunk) ^ swizzle) * kChunk) +
+                             out_col % kChunk + thread_col_ / 2;
+          buffer[offset] = value(i, thread_row_ + row, slice_col + out_col + thread_col_ / 2);
+        }
+      }
+    }
+    tma_store_fence();  // these shared memory writes are visible to the TMA (async proxy)
+    cutlass::arch::NamedBarrier::sync(kThreads, consumer_);
+    if (thread_ == 0) {
+      issue(make_tensor(make_smem_ptr(buffer), SmemLayout{}));
+      tma_store_arrive();
+    }
+  }
+
+  // Before the kernel ends: shared memory must stay until the stores have read it.
+  CUTLASS_DEVICE void wait_all() {
+    if (thread_ == 0) cute::tma_store_wait<0>();
+  }
+
+ private:
+  Buffer* buffers_;
+  int next_buffer_ = 0;  // the buffer of the consumer's next slice
+  int consumer_;
+  int thread_;
+  int thread_row_;
+  int thread_col_;
+};
+
+// Cooperative MoE tiles: each consumer stores its rows of the tile through the ragged view of out,
+// two slices in flight.
+template <class Element, class TiledMma, int kTileM, int kTileN, class Fusion>
+class CooperativeTmaStoreEpilogue {
+ public:
+  using Staging = CooperativeSliceStaging<Element, TiledMma, kTileM, kTileN, /*kBuffers=*/2>;
+  static constexpr int kRows = Staging::kRows;
+  static constexpr int kStoreCols = Staging::kStoreCols;
+  using Store = RaggedStore<Element, kRows, typename Staging::SmemLayout>;
+  using SharedStorage = typename Staging::SharedStorage;
+
+  struct Arguments {
+    Element* ptr_out;
+    int64_t ldout;
+    bool gated;  // out has N/2 columns (kernel's FusedEpilogue)
+    typename Fusion::Arguments fusion;
+  };
+  struct Params {
+    typename Store::Tma tma_store;  // out: num_tokens x out_cols
+    int out_cols;                   // N, or N/2 when gated
+    int num_tokens;
+    bool gated;
+    typename Fusion::Params fusion;
+  };
+
+  static Params to_underlying_arguments(MoeProblemShape const& problem, Arguments const& args, int device) {
+    MoeProblemShape out_shape = problem;
+    out_shape.n = args.gated ? problem.n / 2 : problem.n;
+    return {Store::make(out_shape, args.ptr_out, args.ldout, device), out_shape.n, problem.num_tokens, args.gated,
+            Fusion::to_underlying_arguments(args.fusion)};
+  }
+
+  CUTLASS_DEVICE static void prefetch_tma_descriptors(Params const& params) {
+    cute::prefetch_tma_descriptor(params.tma_store.get_tma_descriptor());
+  }
+
+  CUTLASS_DEVICE CooperativeTmaStoreEpilogue(Params const& params, SharedStorage& storage, int consumer,
+                                             int mma_thread, int thread)
+      : params_(params), staging_(storage, consumer, mma_thread, thread), consumer_(consumer) {
+    check_supported_fusion<Fusion>();
+  }
+
+  // Stores the consumer's rows [consumer * kRows, +kRows) of `tile`, clipped to the expert's rows
+  // and to out's columns by the ragged view, one TMA copy per slice.
+  template <class Accumulators>
+  CUTLASS_DEVICE void store(MoeTile const& tile, Accumulators const& accum) {
+    if (params_.gated) {
+      store<2>(tile, accum);
+    } else {
+      store<1>(tile, accum);
+    }
+  }
+
+  CUTLASS_DEVICE void store_tail() { staging_.wait_all(); }
+
+ private:
+  // kPack accumulator columns per output column: 1, or 2 for a gated tile (its (gate, up) pairs
+  // already combined into their first values by the fused epilogue).
+  template <int kPack, class Accumulators>
+  CUTLASS_DEVICE void store(MoeTile const& tile, Accumulators const& accum) {
+    using namespace cute;
+    const int part_row = consumer_ * kRows;  // first tile row of this consumer's part
+    const int rows = min(int{kRows}, tile.rows - tile.m_tile * kTileM - part_row);
+    if (rows <= 0) return;  // no rows of the expert in this part (and no box wholly outside the view)
+    const int row_start = tile.row_start + tile.m_tile * kTileM + part_row;
+    const int first_col = tile.n_tile * kTileN / kPack;  // of out
+    const int cols_left = params_.out_cols - first_col;
+    // The box at (kRows - rows, col, row_start + rows) of the ragged view holds out[row_start, +rows)
+    // in its first rows; its other rows are outside the view, and TMA does not write them.
+    Tensor mD = params_.tma_store.get_tma_tensor(make_shape(int{kRows}, params_.out_cols, params_.num_tokens + 1));
+    Tensor gD = domain_offset(make_coord(kRows - rows, first_col, row_start + rows), mD)(_, _, 0);
+    auto tma_store = params_.tma_store.get_slice(Int<0>{});
+
+    Fusion fusion(params_.fusion);
+    fusion.begin_tile(tile.expert);
+    CUTLASS_PRAGMA_UNROLL
+    for (int slice = 0; slice < Staging::kSlices / kPack; ++slice) {
+      if (slice * kStoreCols >= cols_left) break;  // the same for the whole consumer
+      staging_.template stage<kPack>(
+          slice, accum,
+          [&](int i, int row, int col) {
+            if constexpr (kPack == 1) {
+              return fusion.visit({accum(i), accum(i + 1)}, row_start + row, first_col + col);
+            } else {
+              return Element(accum(i));
+            }
+          },
+          [&](auto const& sD) {
+            Tensor gD_slice = local_tile(gD, Shape<Int<kRows>, Int<kStoreCols>>{}, make_coord(0, slice));
+            copy(params_.tma_store, tma_store.partition_S(sD), tma_store.partition_D(gD_slice));
+          });
+    }
+  }
+
+  Params const& params_;
+  Staging staging_;
+  int consumer_;
+};
+
+}  // namespace cutlass_moe::sm90

@@ -1,0 +1,58 @@
+// Launch of the sm90 MoE kernel (sm90_moe_kernel.hpp) for one MoeGemmProblem: CUTLASS's host
+// sequence can_implement -> to_underlying_arguments -> launch, each step checked.
+#pragma once
+
+#include "sm90/sm90_tma_encode.hpp"  // first: routes every TMA encode through a checked call
+
+#include "check.h"
+#include "kernel_families.h"
+#include "sm90/sm90_launch.cuh"
+#include "sm90/sm90_moe_kernel.hpp"
+
+namespace cutlass_moe::sm90 {
+
+template <DType kDType, WeightLayout kLayout, KernelConfig kConfig>
+using MoeKernelOf = MoeGemmKernel<typename ElementOf<kDType>::type, typename LayoutBOf<kLayout>::type,
+                                  ConfigTraits<kConfig>>;
+
+template <DType kDType, WeightLayout kLayout, KernelConfig kConfig>
+size_t MoeGemmInstance<kDType, kLayout, kConfig>::workspace_size(int64_t, int) {
+  return MoeKernelOf<kDType, kLayout, kConfig>::get_workspace_size({});
+}
+
+template <DType kDType, WeightLayout kLayout, KernelConfig kConfig>
+void MoeGemmInstance<kDType, kLayout, kConfig>::run(const MoeGemmProblem& p, void* workspace, size_t, int sm_count,
+                                                    cudaStream_t stream) {
+  using Kernel = MoeKernelOf<kDType, kLayout, kConfig>;
+  using Element = typename Kernel::Element;
+  int device = 0;
+  CUTLASS_MOE_CHECK_CUDA(cudaGetDevice(&device));
+
+  typename Kernel::Arguments args{};
+  args.problem = {static_cast<int>(p.num_tokens), static_cast<int>(p.n), static_cast<int>(p.k),
+                  static_cast<int>(p.num_experts)};
+  args.ptr_x = static_cast<Element const*>(p.x);
+  args.ldx = p.ldx;
+  args.ptr_weights = static_cast<Element const*>(p.weights);
+  args.ldw = p.ldw;
+  args.expert_stride = p.expert_stride;
+  args.epilogue.ptr_out = static_cast<Element*>(p.out);
+  args.epilogue.ldout = p.ldout;
+  args.epilogue.gated = p.gated;
+  args.fused = {static_cast<Element const*>(p.bias), p.bias_stride, p.row_scale, static_cast<int>(p.activation),
+                static_cast<int>(p.num_tokens), static_cast<int>(p.n), has_fused_epilogue(p), p.gated,
+                p.alpha, p.limit};
+  args.tokens_per_expert = p.tokens_per_expert;
+  args.counts_are_int64 = p.count_type == IndexType::kInt64;
+  // One CTA per SM: the kernel takes all of shared memory (checked below).
+  args.hw_info.device_id = device;
+  args.hw_info.sm_count = sm_count;
+
+  CUTLASS_MOE_CHECK(Kernel::can_implement(args), Status::kInvalidArgument,
+                    "the sm90 MoE kernel cannot take T = " << p.num_tokens << ", N = " << p.n << ", K = " << p.k
+                                                           << ", E = " << p.num_experts << " with these strides");
+  const typename Kernel::Params params = Kernel::to_underlying_arguments(args, workspace);
+  launch_one_cta_per_sm<Kernel>(params, device, stream, "the sm90 MoE kernel");
+}
+
+}  // namespace cutlass_moe::sm90

@@ -1,0 +1,305 @@
+// The sm90 (Hopper) MoE GEMM kernel: one launch, no per-expert arrays.
+//
+// A CUTLASS 3 kernel class (Arguments, Params, to_underlying_arguments, can_implement,
+// get_workspace_size, get_grid_shape, operator()), launched by cutlass::device_kernel. It takes the
+// base pointers of x, weights and out, T, N, K, E and the device pointer to tokens_per_expert. Its
+// parts:
+//   - mainloop: CUTLASS's sm90 warp-specialized collective (TMA loads into a multistage shared
+//     memory pipeline, WGMMA), built by the CollectiveBuilder and filled by its own
+//     to_underlying_arguments (sm90_moe_descriptors.hpp): x through one ragged TMA view, so a tile
+//     loads exactly its expert's rows, weights through one descriptor with the expert as batch;
+//   - scheduler: MoeTileScheduler (moe_tile_scheduler.hpp), which finds each tile's expert and row
+//     offset on the device;
+//   - epilogue: sm90_moe_epilogue.hpp, with the fusion interface both epilogues call.
+//
+// Warp group 0 produces (one warp issues the TMA loads); warp groups 1 and 2 consume:
+//   - pingpong: they take alternate tiles; an order barrier lets only one of them issue WGMMAs at a
+//     time, so one tile's epilogue overlaps the other's mainloop;
+//   - cooperative: both work on every tile, each on half of its rows.
+#pragma once
+
+#include "sm90/sm90_tma_encode.hpp"  // first: routes every TMA encode through a checked call
+
+#include <type_traits>
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/reg_reconfig.h>
+#include <cutlass/cutlass.h>
+#include <cutlass/gemm/collective/collective_builder.hpp>
+#include <cutlass/kernel_hardware_info.h>
+#include <cutlass/pipeline/pipeline.hpp>
+
+#include "fused_epilogue.hpp"
+#include "moe_tile_scheduler.hpp"
+#include "sm90/sm90_common.cuh"
+#include "sm90/sm90_moe_descriptors.hpp"
+#include "sm90/sm90_moe_epilogue.hpp"
+
+namespace cutlass_moe::sm90 {
+
+// Element: x, weights and out. LayoutB: weights[e] as a K x N matrix. Config: tile shape and
+// schedule (sm90_configs.cuh). Fusion: what the epilogue applies (sm90_moe_epilogue.hpp).
+template <class Element_, class LayoutB_, class Config, template <class> class Fusion_ = LinearFusion>
+class MoeGemmKernel {
+ public:
+  using Element            = Element_;
+  using ElementAccumulator = float;
+  using LayoutA            = cutlass::layout::RowMajor;                          // x: T x K
+  using LayoutB            = LayoutB_;                                           // weights[e]: K x N, expert = batch
+  using TileShape          = typename Config::TileShape;
+  using ClusterShape       = cute::Shape<cute::_1, cute::_1, cute::_1>;
+  using Fusion             = Fusion_<Element>;
+  static constexpr bool kPingpong = Config::kPingpong;
+  static constexpr int kAlignment = 128 / cutlass::sizeof_bits<Element>::value;  // 16 bytes, for TMA
+  static constexpr int kTileM = cute::size<0>(TileShape{});
+  static constexpr int kTileN = cute::size<1>(TileShape{});
+  static constexpr int kTileK = cute::size<2>(TileShape{});
+  static_assert(cute::size(typename Config::ClusterShape{}) == 1, "the MoE kernel runs without clusters");
+
+  static constexpr int kConsumers    = 2;                                        // math warp groups
+  static constexpr int kProducerRegs = 40;                                       // setmaxnreg budgets, as
+  static constexpr int kConsumerRegs = 232;                                      // CUTLASS's pingpong kernel
+  static constexpr uint32_t MaxThreadsPerBlock = (1 + kConsumers) * cutlass::NumThreadsPerWarpGroup;
+  static constexpr uint32_t MinBlocksPerMultiprocessor = 1;
+
+  using MathOrderBarrier = cutlass::OrderedSequenceBarrier<1, kConsumers>;       // one WGMMA issuer at a time
+  // The tiled MMA depends only on the tile and schedule; the epilogue needs it before the mainloop's
+  // stage count, which needs the epilogue's shared memory.
+  using TiledMma = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
+      Element, LayoutA, kAlignment, Element, LayoutB, kAlignment, ElementAccumulator,
+      TileShape, ClusterShape, cutlass::gemm::collective::StageCount<2>,
+      typename Config::MoeMainloopSchedule>::CollectiveOp::TiledMma;
+  using CollectiveEpilogue = std::conditional_t<
+      kPingpong, PingpongStagedEpilogue<Element, TiledMma, kTileM, kTileN, Fusion>,
+      CooperativeTmaStoreEpilogue<Element, TiledMma, kTileM, kTileN, Fusion>>;
+  using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
+      Element, LayoutA, kAlignment,
+      Element, LayoutB, kAlignment,
+      ElementAccumulator,
+      TileShape, ClusterShape,
+      cutlass::gemm::collective::StageCountAutoCarveout<
+          static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage) +
+                           sizeof(typename MathOrderBarrier::SharedStorage))>,
+      typename Config::MoeMainloopSchedule
+    >::CollectiveOp;
+  static_assert(std::is_same_v<TiledMma, typename CollectiveMainloop::TiledMma>);
+  using Pipeline      = typename CollectiveMainloop::MainloopPipeline;
+  using PipelineState = typename CollectiveMainloop::PipelineState;
+  using Scheduler     = MoeTileScheduler<kTileM>;
+
+  struct SharedStorage {
+    typename CollectiveMainloop::TensorStorage tensors;
+    typename CollectiveEpilogue::SharedStorage epilogue;
+    alignas(16) typename CollectiveMainloop::PipelineStorage pipeline;
+    alignas(16) typename MathOrderBarrier::SharedStorage math_order;
+  };
+  static constexpr int SharedStorageSize = static_cast<int>(sizeof(SharedStorage));
+
+  // What the host knows. Leading dimensions and strides are in elements.
+  struct Arguments {
+    MoeProblemShape problem;
+    Element const* ptr_x;
+    int64_t ldx;
+    Element const* ptr_weights;
+    int64_t ldw;            // between rows (K x N layout) or columns (N x K) of one expert
+    int64_t expert_stride;
+    typename CollectiveEpilogue::Arguments epilogue;  // out and the fusion's arguments
+    FusedEpilogue<Element> fused;
+    void const* tokens_per_expert;
+    bool counts_are_int64;
+    cutlass::KernelHardwareInfo hw_info;  // device_id and sm_count
+  };
+
+  // What the device reads.
+  struct Params {
+    typename CollectiveMainloop::Params mainloop;
+    typename CollectiveEpilogue::Params epilogue;
+    typename Scheduler::Params scheduler;
+    MoeProblemShape problem;
+    int max_ctas;  // persistent CTAs: SMs x resident CTAs per SM
+    FusedEpilogue<Element> fused;
+  };
+
+  // Sizes and strides the kernel takes: TMA wants 16-byte multiples; the ragged views keep row and
+  // tile arithmetic in 32 bits (T <= kMaxTokens, checked with the other arguments in moe_gemm.cpp).
+  static bool can_implement(Arguments const& args) {
+    MoeProblemShape const& p = args.problem;
+    if (p.num_tokens <= 0 || p.n <= 0 || p.k <= 0 || p.num_experts <= 0) return false;
+    if (int64_t(p.num_tokens) + kTileM >= (int64_t{1} << 31)) return false;
+    if (args.tokens_per_expert == nullptr) return false;
+    const int64_t batch = p.num_experts > 1 ? args.expert_stride : 0;
+    using Mainloop = CollectiveMainloop;
+    typename Mainloop::Arguments mainloop{args.ptr_x, leading_stride<typename Mainloop::StrideA>(args.ldx, args.ldx),
+                                          args.ptr_weights, leading_stride<typename Mainloop::StrideB>(args.ldw, batch)};
+    return Mainloop::can_implement(cute::make_shape(kTileM, p.n, p.k, p.num_tokens + 1), mainloop) &&
+           Mainloop::can_implement(cute::make_shape(kTileM, p.n, p.k, p.num_experts), mainloop) &&
+           args.ldx % kAlignment == 0 && args.ldw % kAlignment == 0 && args.expert_stride % kAlignment == 0 &&
+           args.epilogue.ldout % kAlignment == 0 && p.n % kAlignment == 0;
+  }
+
+  static size_t get_workspace_size(Arguments const&) { return 0; }
+
+  static Params to_underlying_arguments(Arguments const& args, void* /*workspace*/) {
+    MoeProblemShape const& p = args.problem;
+    const int device = args.hw_info.device_id;
+    const int tiles_n = (p.n + kTileN - 1) / kTileN;
+    return {make_mainloop_params<CollectiveMainloop, kTileM>(p, args.ptr_x, args.ldx, args.ptr_weights, args.ldw,
+                                                             args.expert_stride, device),
+            CollectiveEpilogue::to_underlying_arguments(p, args.epilogue, device),
+            {args.tokens_per_expert, args.counts_are_int64, p.num_experts, p.num_tokens, tiles_n, {}},
+            p,
+            args.hw_info.sm_count,
+            args.fused};
+  }
+
+  // Persistent: min(max_ctas, most tiles any count vector can make).
+  static dim3 get_grid_shape(Params const& params) {
+    MoeProblemShape const& p = params.problem;
+    return dim3(persistent_grid(params.max_ctas, p.num_tokens, p.num_experts, params.scheduler.tiles_n, kTileM));
+  }
+
+  static dim3 get_block_shape() { return dim3(MaxThreadsPerBlock); }
+
+  CUTLASS_DEVICE void operator()(Params const& params, char* smem);
+
+ private:
+  using Fused = FusedEpilogue<Element>;
+  static constexpr int kPairs = decltype(cute::size(cute::partition_fragment_C(
+      TiledMma{}, cute::take<0, 2>(TileShape{}))))::value / 2;  // accumulator pairs per thread
+  using FusedOperands = typename Fused::template Operands<kPairs>;
+
+  // The thread's fragment coordinates in a tile; mma_thread: its index in its tiled MMA.
+  CUTLASS_DEVICE static auto fragment_coords(int mma_thread) {
+    using namespace cute;
+    return TiledMma{}.get_thread_slice(mma_thread).partition_C(
+        make_identity_tensor(make_shape(Int<kTileM>{}, Int<kTileN>{})));
+  }
+  CUTLASS_DEVICE static FusedOperands load_fused(Fused const& fused, MoeTile const& tile, int mma_thread) {
+    return fused.template load<kPairs>(fragment_coords(mma_thread), tile.expert, tile.row_start + tile.m_tile * kTileM,
+                                       tile.n_tile * kTileN);
+  }
+  template <class Accumulators>
+  CUTLASS_DEVICE static void apply_fused(Fused const& fused, Accumulators& accum, FusedOperands const& operands,
+                                         MoeTile const& tile, int mma_thread) {
+    fused.apply(accum, fragment_coords(mma_thread), operands, tile.expert, tile.n_tile * kTileN);
+  }
+};
+
+template <class Element, class LayoutB, class Config, template <class> class Fusion>
+CUTLASS_DEVICE void MoeGemmKernel<Element, LayoutB, Config, Fusion>::operator()(Params const& params, char* smem) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using namespace cute;
+  using Mainloop = CollectiveMainloop;
+  auto& storage = *reinterpret_cast<SharedStorage*>(smem);
+
+  const int warp_group = cutlass::canonical_warp_group_idx();
+  const int warp_in_group = cutlass::canonical_warp_idx_sync() % cutlass::NumWarpsPerWarpGroup;
+  const int group_thread = threadIdx.x % cutlass::NumThreadsPerWarpGroup;
+  const bool is_producer = warp_group == 0 && warp_in_group == 0;
+
+  if (is_producer && cute::elect_one_sync()) {
+    Mainloop::prefetch_tma_descriptors(params.mainloop);
+    CollectiveEpilogue::prefetch_tma_descriptors(params.epilogue);
+  }
+
+  typename Pipeline::Params pipeline_params;
+  pipeline_params.role = is_producer      ? Pipeline::ThreadCategory::Producer
+                         : warp_group > 0 ? Pipeline::ThreadCategory::Consumer
+                                          : Pipeline::ThreadCategory::NonParticipant;
+  pipeline_params.is_leader = group_thread == 0;
+  // Pingpong: one warp group consumes each stage; cooperative: both do.
+  pipeline_params.num_consumers =
+      kPingpong ? cutlass::NumThreadsPerWarpGroup : kConsumers * cutlass::NumThreadsPerWarpGroup;
+  pipeline_params.transaction_bytes = params.mainloop.tma_transaction_bytes;
+  Pipeline pipeline(storage.pipeline, pipeline_params, ClusterShape{});
+
+  typename MathOrderBarrier::Params order_params;
+  order_params.group_id = warp_group > 0 ? warp_group - 1 : 0;
+  order_params.group_size = cutlass::NumThreadsPerWarpGroup;
+  MathOrderBarrier math_order(storage.math_order, order_params);
+
+  __syncthreads();  // barrier initialization is visible to every warp
+
+  Scheduler scheduler(params.scheduler);
+  Mainloop mainloop;
+  const MoeProblemShape& p = params.problem;
+  const int k_tiles = (p.k + kTileK - 1) / kTileK;
+  const int64_t first = blockIdx.x;
+  const int64_t grid = gridDim.x;
+
+  if (warp_group == 0) {
+    cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();
+    if (!is_producer) return;
+    // TMA coordinate tensors: x as the ragged view (kTileM, K, T + 1), weights as (N, K, E).
+    Tensor mA = params.mainloop.tma_load_a.get_tma_tensor(make_shape(Int<kTileM>{}, p.k, p.num_tokens + 1));
+    Tensor mB = params.mainloop.tma_load_b.get_tma_tensor(make_shape(p.n, p.k, p.num_experts));
+    auto write_state = cutlass::make_producer_start_state<Pipeline>();
+    for (int64_t index = first;; index += grid) {
+      MoeTile tile = scheduler.tile(index);
+      if (!tile.valid) break;
+      // x: the tile's rows [first_row, first_row + rows) are the box at (kTileM - rows, k,
+      // first_row + rows) of the ragged view; TMA zero-fills its other rows without reading them.
+      // Weights: the batch mode is the expert.
+      const int first_row = tile.row_start + tile.m_tile * kTileM;
+      const int rows = min(int{kTileM}, tile.rows - tile.m_tile * kTileM);
+      Tensor gA = local_tile(domain_offset(make_coord(kTileM - rows, 0, first_row + rows), mA), TileShape{},
+                             make_coord(_, _, _), Step<_1, X, _1>{});  // (BLK_M, BLK_K, 1, k, l)
+      Tensor gB = local_tile(domain_offset(make_coord(0, 0, tile.expert), mB), TileShape{}, make_coord(_, _, _),
+                             Step<X, _1, _1>{});  // (BLK_N, BLK_K, n, k, l)
+      mainloop.load(params.mainloop, pipeline, write_state, cute::make_tuple(gA, gB),
+                    make_coord(0, tile.n_tile, _, 0), cute::make_coord_iterator(k_tiles), k_tiles,
+                    threadIdx.x % 32, /*block_rank_in_cluster=*/0, storage.tensors);
+      write_state.advance(k_tiles);
+    }
+    mainloop.load_tail(pipeline, write_state);
+  } else {
+    cutlass::arch::warpgroup_reg_alloc<kConsumerRegs>();
+    const int consumer = warp_group - 1;
+    TiledMma tiled_mma;
+    PipelineState read_state;
+    if constexpr (kPingpong) {
+      CollectiveEpilogue epilogue(params.epilogue, storage.epilogue, consumer, group_thread);
+      if (consumer == 1) read_state.advance(k_tiles);  // consumer 0 takes the first tile's stages
+      for (int64_t index = first + consumer * grid;; index += kConsumers * grid) {
+        MoeTile tile = scheduler.tile(index);
+        if (!tile.valid) break;
+        Tensor accum = partition_fragment_C(tiled_mma, take<0, 2>(TileShape{}));
+        FusedOperands fused;
+        if (params.fused.enabled) fused = load_fused(params.fused, tile, group_thread);
+        math_order.wait();
+        mainloop.mma(pipeline, read_state, accum, k_tiles, group_thread, storage.tensors, params.mainloop);
+        math_order.arrive();
+        mainloop.mma_tail(pipeline, read_state, k_tiles);
+        read_state.advance(k_tiles * kConsumers);
+        if (params.fused.enabled) apply_fused(params.fused, accum, fused, tile, group_thread);
+        epilogue.store(tile, accum);
+      }
+      epilogue.store_tail();
+    } else {
+      const int mma_thread = threadIdx.x - cutlass::NumThreadsPerWarpGroup;  // both consumers: 0..255
+      CollectiveEpilogue epilogue(params.epilogue, storage.epilogue, consumer, mma_thread, group_thread);
+      for (int64_t index = first;; index += grid) {
+        MoeTile tile = scheduler.tile(index);
+        if (!tile.valid) break;
+        Tensor accum = partition_fragment_C(tiled_mma, take<0, 2>(TileShape{}));
+        FusedOperands fused;
+        if (params.fused.enabled) fused = load_fused(params.fused, tile, mma_thread);
+        mainloop.mma(pipeline, read_state, accum, k_tiles, mma_thread, storage.tensors, params.mainloop);
+        mainloop.mma_tail(pipeline, read_state, k_tiles);
+        read_state.advance(k_tiles);
+        if (params.fused.enabled) apply_fused(params.fused, accum, fused, tile, mma_thread);
+        epilogue.store(tile, accum);
+      }
+      epilogue.store_tail();
+    }
+  }
+#else
+  // Built without sm90a features (e.g. for sm_90 instead of sm_90a): never run silently.
+  if (threadIdx.x == 0 && blockIdx.x == 0) printf("cutlass_moe: the sm90 MoE kernel needs an sm_90a build\n");
+  __trap();
+#endif
+}
+
+}  // namespace cutlass_moe::sm90

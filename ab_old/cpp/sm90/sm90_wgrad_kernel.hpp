@@ -1,0 +1,417 @@
+// The sm90 (Hopper) MoE weight-gradient kernel: dW[e] = A_e . B_e, reduced over expert e's rows, in
+// one launch with no per-expert arrays (the forward's idea, sm90_moe_kernel.hpp, turned on its
+// side: the counts set each tile's reduction length instead of its rows).
+//
+// What the wgrad families share (wgrad_common.cuh): A is x^T or grad_out^T, B is grad_out or x, so
+// both operands run along T in memory (MN-major), and D = dW[e] is row-major M x N, (E, M, N).
+// The kernel's parts:
+//   - tiles: E x ceil(M / kTileM) x ceil(N / kTileN), a static set; ExpertTileScheduler with
+//     FixedRowTiles numbers them expert-major and finds each tile's expert rows on the device, so
+//     the CTAs reading one expert's rows of x and grad_out run together (L2 reuse);
+//   - mainloop: CUTLASS's sm90 warp-specialized collective (its pipeline, shared memory and mma()).
+//     Each operand is read through one ragged TMA view along T (below), so a K block loads exactly
+//     its expert's rows and zero-fills the rest without reading it; the producer issues the boxes
+//     itself (load_boxes);
+//   - epilogue: WgradTmaStoreEpilogue stages the whole tile in shared memory (4 slices per
+//     consumer) and stores it with asynchronous TMA copies while the next tile's mainloop runs:
+//     dW is most of the bytes when experts have few rows (95% on DeepSeek-V3's shapes), so the
+//     stores must stream. Accumulating (fp32 only) uses TMA reduce-add: one add per element, in a
+//     fixed order, no atomics, bitwise reproducible.
+// An expert with no rows has no mainloop: its tiles store zeros, or nothing when accumulating.
+//
+// Ragged view along T: element (m, i, j) of an operand's view is A[m, j + i - kTileK] (the row
+// j + i - kTileK of x or grad_out), with i < kTileK and j <= T. The K block of rows [end - r, end)
+// (r <= kTileK) is the box at (m0, kTileK - r, end): those rows are the box's first r, the rest of
+// the box has i >= kTileK, outside the view. Both operands zero-fill the same positions, so the
+// padding adds exact zeros (never 0 x NaN from another expert's rows).
+#pragma once
+
+#include "sm90/sm90_tma_encode.hpp"  // first: routes every TMA encode through a checked call
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/reg_reconfig.h>
+#include <cutlass/cutlass.h>
+#include <cutlass/gemm/collective/collective_builder.hpp>
+#include <cutlass/kernel_hardware_info.h>
+#include <cutlass/numeric_conversion.h>
+#include <cutlass/pipeline/pipeline.hpp>
+
+#include "moe_tile_scheduler.hpp"
+#include "sm90/sm90_common.cuh"
+#include "sm90/sm90_moe_epilogue.hpp"
+
+namespace cutlass_moe::sm90 {
+
+// Sizes of one weight gradient as the kernel sees them: dW[e] is m x n, reduced over the expert's
+// rows of T.
+struct WgradProblemShape {
+  int num_tokens;  // T
+  int m;
+  int n;
+  int num_experts;  // E
+};
+
+// Stores (or, accumulating, adds) each consumer's rows of a tile of dW[e] with TMA.
+template <class ElementOut, class TiledMma, int kTileM, int kTileN>
+class WgradTmaStoreEpilogue {
+ public:
+  // The whole tile stays in flight (4 slices of 64 columns in 16 bits, half of it in fp32).
+  using Staging = CooperativeSliceStaging<ElementOut, TiledMma, kTileM, kTileN, /*kBuffers=*/4>;
+  static constexpr int kRows = Staging::kRows;
+  static constexpr int kStoreCols = Staging::kStoreCols;
+  using SmemLayout = typename Staging::SmemLayout;
+  using SharedStorage = typename Staging::SharedStorage;
+
+  // dW as (M, N, E): row stride ldd, unit column stride, expert stride.
+  template <class Op>
+  using TmaOf = decltype(cute::make_tma_copy(
+      Op{},
+      cute::make_tensor(cute::make_gmem_ptr<ElementOut>(nullptr),
+                        cute::make_layout(cute::make_shape(0, 0, 0), cute::make_stride(int64_t(0), cute::_1{}, int64_t(0)))),
+      SmemLayout{}));
+  using TmaStore = TmaOf<cute::SM90_TMA_STORE>;
+  using TmaReduceAdd = TmaOf<cute::SM90_TMA_REDUCE_ADD>;
+
+  struct Arguments {
+    ElementOut* ptr_out;
+    int64_t ldd;
+    int64_t expert_stride;
+    bool accumulate;
+  };
+  struct Params {
+    TmaStore store;
+    TmaReduceAdd reduce_add;
+    int m;
+    int n;
+    int num_experts;
+    bool accumulate;
+  };
+
+  static Params to_underlying_arguments(WgradProblemShape const& p, Arguments const& args) {
+    using namespace cute;
+    // A batch stride of 0 is no valid tensor map stride; any 16-byte multiple serves a batch of 1.
+    const int64_t batch_stride = p.num_experts > 1 ? args.expert_stride : args.ldd * p.m;
+    auto dw = make_tensor(make_gmem_ptr(args.ptr_out), make_layout(make_shape(p.m, p.n, p.num_experts),
+                                                                   make_stride(args.ldd, _1{}, batch_stride)));
+    Params params{};
+    if (args.accumulate) {
+      params.reduce_add = make_tma_copy(SM90_TMA_REDUCE_ADD{}, dw, SmemLayout{});
+    } else {
+      params.store = make_tma_copy(SM90_TMA_STORE{}, dw, SmemLayout{});
+    }
+    params.m = p.m;
+    params.n = p.n;
+    params.num_experts = p.num_experts;
+    params.accumulate = args.accumulate;
+    return params;
+  }
+
+  CUTLASS_DEVICE static void prefetch_tma_descriptors(Params const& params) {
+    cute::prefetch_tma_descriptor(params.accumulate ? params.reduce_add.get_tma_descriptor()
+                                                    : params.store.get_tma_descriptor());
+  }
+
+  CUTLASS_DEVICE WgradTmaStoreEpilogue(Params const& params, SharedStorage& storage, int consumer, int mma_thread,
+                                       int thread)
+      : params_(params), staging_(storage, consumer, mma_thread, thread), consumer_(consumer) {}
+
+  // The consumer's rows [consumer * kRows, +kRows) of the tile; TMA clips the box at M and N.
+  template <class Accumulators>
+  CUTLASS_DEVICE void store(MoeTile const& tile, Accumulators const& accum) {
+    using namespace cute;
+    const int first_row = tile.m_tile * kTileM + consumer_ * kRows;
+    const int first_col = tile.n_tile * kTileN;
+    if (first_row >= params_.m) return;  // no box wholly outside dW
+    const int cols_left = params_.n - first_col;
+    auto shape = make_shape(params_.m, params_.n, params_.num_experts);
+    CUTLASS_PRAGMA_UNROLL
+    for (int slice = 0; slice < Staging::kSlices; ++slice) {
+      if (slice * kStoreCols >= cols_left) break;  // the same for the whole consumer
+      staging_.stage(
+          slice, accum,
+          [&](int i, int, int) {
+            return cutlass::NumericArrayConverter<ElementOut, float, 2>{}({accum(i), accum(i + 1)});
+          },
+          [&](auto const& sD) {
+            auto issue = [&](auto const& tma) {
+              Tensor gD = domain_offset(make_coord(first_row, first_col + slice * kStoreCols, tile.expert),
+                                        tma.get_tma_tensor(shape));
+              Tensor box = local_tile(gD(_, _, 0), Shape<Int<kRows>, Int<kStoreCols>>{}, make_coord(0, 0));
+              auto tma_slice = tma.get_slice(Int<0>{});
+              copy(tma, tma_slice.partition_S(sD), tma_slice.partition_D(box));
+            };
+            if (params_.accumulate) {
+              issue(params_.reduce_add);
+            } else {
+              issue(params_.store);
+            }
+          });
+    }
+  }
+
+  CUTLASS_DEVICE void store_tail() { staging_.wait_all(); }
+
+ private:
+  Params const& params_;
+  Staging staging_;
+  int consumer_;
+};
+
+// Element: x and grad_out. ElementOut: dW (Element or float). Config: tile shape (cooperative
+// schedules only: the epilogue splits each tile between the two consumers).
+template <class Element_, class ElementOut_, class Config>
+class MoeWgradKernel {
+ public:
+  using Element            = Element_;
+  using ElementOut         = ElementOut_;
+  using ElementAccumulator = float;
+  using LayoutA            = cutlass::layout::ColumnMajor;  // M contiguous: A(m, t) at a[t * lda + m]
+  using LayoutB            = cutlass::layout::RowMajor;     // N contiguous: B(t, n) at b[t * ldb + n]
+  using TileShape          = typename Config::TileShape;
+  using ClusterShape       = cute::Shape<cute::_1, cute::_1, cute::_1>;
+  static constexpr int kAlignment = 128 / cutlass::sizeof_bits<Element>::value;  // 16 bytes, for TMA
+  static constexpr int kTileM = cute::size<0>(TileShape{});
+  static constexpr int kTileN = cute::size<1>(TileShape{});
+  static constexpr int kTileK = cute::size<2>(TileShape{});
+  static_assert(!Config::kPingpong, "the wgrad kernel's epilogue is the cooperative one");
+  static_assert(cute::size(typename Config::ClusterShape{}) == 1, "the MoE kernels run without clusters");
+
+  static constexpr int kConsumers = 2;
+  static constexpr int kProducerRegs = 40;  // setmaxnreg budgets, as CUTLASS's cooperative kernel
+  static constexpr int kConsumerRegs = 232;
+  static constexpr uint32_t MaxThreadsPerBlock = (1 + kConsumers) * cutlass::NumThreadsPerWarpGroup;
+  static constexpr uint32_t MinBlocksPerMultiprocessor = 1;
+
+  using TiledMma = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
+      Element, LayoutA, kAlignment, Element, LayoutB, kAlignment, ElementAccumulator,
+      TileShape, ClusterShape, cutlass::gemm::collective::StageCount<2>,
+      typename Config::MoeMainloopSchedule>::CollectiveOp::TiledMma;
+  using CollectiveEpilogue = WgradTmaStoreEpilogue<ElementOut, TiledMma, kTileM, kTileN>;
+  using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
+      Element, LayoutA, kAlignment,
+      Element, LayoutB, kAlignment,
+      ElementAccumulator,
+      TileShape, ClusterShape,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage))>,
+      typename Config::MoeMainloopSchedule
+    >::CollectiveOp;
+  static_assert(std::is_same_v<TiledMma, typename CollectiveMainloop::TiledMma>);
+  using Pipeline      = typename CollectiveMainloop::MainloopPipeline;
+  using PipelineState = typename CollectiveMainloop::PipelineState;
+  using Scheduler     = ExpertTileScheduler<FixedRowTiles>;
+
+  struct SharedStorage {
+    typename CollectiveMainloop::TensorStorage tensors;
+    typename CollectiveEpilogue::SharedStorage epilogue;
+    alignas(16) typename CollectiveMainloop::PipelineStorage pipeline;
+  };
+  static constexpr int SharedStorageSize = static_cast<int>(sizeof(SharedStorage));
+
+  // What the host knows. Leading dimensions and strides are in elements; a and b are A's and B's
+  // first row of T.
+  struct Arguments {
+    WgradProblemShape problem;
+    Element const* ptr_a;
+    int64_t lda;
+    Element const* ptr_b;
+    int64_t ldb;
+    typename CollectiveEpilogue::Arguments epilogue;
+    void const* tokens_per_expert;
+    bool counts_are_int64;
+    cutlass::KernelHardwareInfo hw_info;  // device_id and sm_count
+  };
+
+  struct Params {
+    typename CollectiveMainloop::Params mainloop;
+    typename CollectiveEpilogue::Params epilogue;
+    typename Scheduler::Params scheduler;
+    WgradProblemShape problem;
+    int max_ctas;
+  };
+
+  // Both operands' ragged views: the collective's (M or N, K, L) tensors with K = kTileK rows and
+  // L = T + 1 end rows, base kTileK rows before the operand.
+  static typename CollectiveMainloop::Arguments mainloop_arguments(Arguments const& args) {
+    using Mainloop = CollectiveMainloop;
+    auto ragged = [](Element const* ptr, int64_t ld) {  // never dereferenced below ptr
+      return reinterpret_cast<Element const*>(reinterpret_cast<uintptr_t>(ptr) - uintptr_t(kTileK) * ld * sizeof(Element));
+    };
+    return {ragged(args.ptr_a, args.lda), leading_stride<typename Mainloop::StrideA>(args.lda, args.lda),
+            ragged(args.ptr_b, args.ldb), leading_stride<typename Mainloop::StrideB>(args.ldb, args.ldb)};
+  }
+
+  static auto view_shape(WgradProblemShape const& p) {
+    return cute::make_shape(p.m, p.n, int{kTileK}, p.num_tokens + 1);
+  }
+
+  static bool can_implement(Arguments const& args) {
+    WgradProblemShape const& p = args.problem;
+    if (p.num_tokens < 0 || p.m <= 0 || p.n <= 0 || p.num_experts <= 0) return false;
+    if (int64_t(p.num_tokens) + kTileK >= (int64_t{1} << 31)) return false;
+    if (args.tokens_per_expert == nullptr || args.epilogue.ptr_out == nullptr) return false;
+    if (args.epilogue.accumulate && !std::is_same_v<ElementOut, float>) return false;
+    constexpr int kOutAlignment = 128 / cutlass::sizeof_bits<ElementOut>::value;
+    return CollectiveMainloop::can_implement(view_shape(p), mainloop_arguments(args)) &&
+           args.lda % kAlignment == 0 && args.ldb % kAlignment == 0 && p.m % kAlignment == 0 &&
+           p.n % kAlignment == 0 && args.epilogue.ldd % kOutAlignment == 0 &&
+           args.epilogue.expert_stride % kOutAlignment == 0;
+  }
+
+  static size_t get_workspace_size(Arguments const&) { return 0; }
+
+  static Params to_underlying_arguments(Arguments const& args, void* /*workspace*/) {
+    WgradProblemShape const& p = args.problem;
+    const int tiles_m = (p.m + kTileM - 1) / kTileM;
+    const int tiles_n = (p.n + kTileN - 1) / kTileN;
+    return {CollectiveMainloop::to_underlying_arguments(view_shape(p), mainloop_arguments(args), nullptr),
+            CollectiveEpilogue::to_underlying_arguments(p, args.epilogue),
+            {args.tokens_per_expert, args.counts_are_int64, p.num_experts, p.num_tokens, tiles_n,
+             FixedRowTiles{tiles_m}},
+            p,
+            args.hw_info.sm_count};
+  }
+
+  // Persistent: min(max_ctas, tiles).
+  static dim3 get_grid_shape(Params const& params) {
+    const int64_t tiles = int64_t(params.problem.num_experts) * params.scheduler.row_tiles.tiles *
+                          params.scheduler.tiles_n;
+    return dim3(static_cast<unsigned>(tiles < params.max_ctas ? tiles : params.max_ctas));
+  }
+
+  static dim3 get_block_shape() { return dim3(MaxThreadsPerBlock); }
+
+  CUTLASS_DEVICE void operator()(Params const& params, char* smem);
+
+ private:
+  // Issues one K block of an operand, box by box (the collective's load() does it in one copy). The
+  // partitions are ((box, boxes), 1, 1): the boxes run along M (A) or N (B). A box that lies wholly
+  // past the operand's extent there (the last tile when M or N is not a multiple of the tile) is
+  // loaded from the tile's first box instead. TMA would zero-fill it without reading, but the H200
+  // faulted on such boxes when the operand ended at the end of mapped memory. Those shared memory
+  // rows only feed accumulator rows (or columns) past M (or N), which are never stored, and the
+  // transaction bytes stay those of the full tile.
+  template <class Tma, class TensorG, class TensorS, class TensorC>
+  CUTLASS_DEVICE static void load_boxes(Tma const& tma, TensorG const& g, TensorS const& s, TensorC const& c,
+                                        int extent) {
+    using namespace cute;
+    static_assert(decltype(size<1>(g) * size<2>(g))::value == 1, "one K box per block");
+    constexpr int kBoxes = decltype(size<1>(get<0>(g.shape())))::value;
+    CUTLASS_PRAGMA_UNROLL
+    for (int box = 0; box < kBoxes; ++box) {
+      const bool outside = get<0>(c(make_coord(0, box), 0, 0)) >= extent;
+      copy(tma, g(make_coord(_, outside ? 0 : box), _, _), s(make_coord(_, box), _, _));
+    }
+  }
+};
+
+template <class Element, class ElementOut, class Config>
+CUTLASS_DEVICE void MoeWgradKernel<Element, ElementOut, Config>::operator()(Params const& params, char* smem) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using namespace cute;
+  using Mainloop = CollectiveMainloop;
+  auto& storage = *reinterpret_cast<SharedStorage*>(smem);
+
+  const int warp_group = cutlass::canonical_warp_group_idx();
+  const int warp_in_group = cutlass::canonical_warp_idx_sync() % cutlass::NumWarpsPerWarpGroup;
+  const int group_thread = threadIdx.x % cutlass::NumThreadsPerWarpGroup;
+  const bool is_producer = warp_group == 0 && warp_in_group == 0;
+
+  if (is_producer && cute::elect_one_sync()) {
+    Mainloop::prefetch_tma_descriptors(params.mainloop);
+    CollectiveEpilogue::prefetch_tma_descriptors(params.epilogue);
+  }
+
+  typename Pipeline::Params pipeline_params;
+  pipeline_params.role = is_producer      ? Pipeline::ThreadCategory::Producer
+                         : warp_group > 0 ? Pipeline::ThreadCategory::Consumer
+                                          : Pipeline::ThreadCategory::NonParticipant;
+  pipeline_params.is_leader = group_thread == 0;
+  pipeline_params.num_consumers = kConsumers * cutlass::NumThreadsPerWarpGroup;
+  pipeline_params.transaction_bytes = params.mainloop.tma_transaction_bytes;
+  Pipeline pipeline(storage.pipeline, pipeline_params, ClusterShape{});
+
+  __syncthreads();  // barrier initialization is visible to every warp
+
+  Scheduler scheduler(params.scheduler);
+  Mainloop mainloop;
+  const WgradProblemShape& p = params.problem;
+  const int64_t first = blockIdx.x;
+  const int64_t grid = gridDim.x;
+  auto k_blocks = [](MoeTile const& tile) { return (tile.rows + kTileK - 1) / kTileK; };
+
+  if (warp_group == 0) {
+    cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();
+    if (!is_producer) return;
+    Tensor mA = params.mainloop.tma_load_a.get_tma_tensor(make_shape(p.m, Int<kTileK>{}, p.num_tokens + 1));
+    Tensor mB = params.mainloop.tma_load_b.get_tma_tensor(make_shape(p.n, Int<kTileK>{}, p.num_tokens + 1));
+    Tensor sA = make_tensor(make_smem_ptr(storage.tensors.smem_A.data()), typename Mainloop::SmemLayoutA{});
+    Tensor sB = make_tensor(make_smem_ptr(storage.tensors.smem_B.data()), typename Mainloop::SmemLayoutB{});
+    auto tma_a = params.mainloop.tma_load_a.get_slice(Int<0>{});
+    auto tma_b = params.mainloop.tma_load_b.get_slice(Int<0>{});
+    Tensor tAsA = tma_a.partition_D(sA);  // (TMA, TMA_M, TMA_K, PIPE)
+    Tensor tBsB = tma_b.partition_D(sB);  // (TMA, TMA_N, TMA_K, PIPE)
+    const bool elected = cute::elect_one_sync();
+    auto write_state = cutlass::make_producer_start_state<Pipeline>();
+    for (int64_t index = first;; index += grid) {
+      MoeTile tile = scheduler.tile(index);
+      if (!tile.valid) break;
+      // Each box's first row (A) or column (B) of dW, to spot the boxes wholly past M or N.
+      Tensor tAcA = tma_a.partition_S(local_tile(make_identity_tensor(make_shape(p.m, Int<kTileK>{})),
+                                                 select<0, 2>(TileShape{}), make_coord(tile.m_tile, 0)));
+      Tensor tBcB = tma_b.partition_S(local_tile(make_identity_tensor(make_shape(p.n, Int<kTileK>{})),
+                                                 select<1, 2>(TileShape{}), make_coord(tile.n_tile, 0)));
+      const int blocks = k_blocks(tile);
+      for (int block = 0; block < blocks; ++block) {
+        // Rows [end - r, end) are the box at (m0, kTileK - r, end) of both views.
+        const int r = min(int{kTileK}, tile.rows - block * kTileK);
+        const int end = tile.row_start + block * kTileK + r;
+        Tensor gA = local_tile(domain_offset(make_coord(0, kTileK - r, end), mA), select<0, 2>(TileShape{}),
+                               make_coord(tile.m_tile, 0, 0));  // (BLK_M, BLK_K)
+        Tensor gB = local_tile(domain_offset(make_coord(0, kTileK - r, end), mB), select<1, 2>(TileShape{}),
+                               make_coord(tile.n_tile, 0, 0));  // (BLK_N, BLK_K)
+        pipeline.producer_acquire(write_state);
+        if (elected) {
+          auto* barrier = pipeline.producer_get_barrier(write_state);
+          const int stage = write_state.index();
+          load_boxes(params.mainloop.tma_load_a.with(*barrier), tma_a.partition_S(gA), tAsA(_, _, _, stage), tAcA,
+                     p.m);
+          load_boxes(params.mainloop.tma_load_b.with(*barrier), tma_b.partition_S(gB), tBsB(_, _, _, stage), tBcB,
+                     p.n);
+        }
+        ++write_state;
+      }
+    }
+    mainloop.load_tail(pipeline, write_state);
+  } else {
+    cutlass::arch::warpgroup_reg_alloc<kConsumerRegs>();
+    const int consumer = warp_group - 1;
+    const int mma_thread = threadIdx.x - cutlass::NumThreadsPerWarpGroup;  // both consumers: 0..255
+    TiledMma tiled_mma;
+    PipelineState read_state;
+    CollectiveEpilogue epilogue(params.epilogue, storage.epilogue, consumer, mma_thread, group_thread);
+    for (int64_t index = first;; index += grid) {
+      MoeTile tile = scheduler.tile(index);
+      if (!tile.valid) break;
+      const int blocks = k_blocks(tile);
+      if (blocks == 0 && params.epilogue.accumulate) continue;  // adds nothing: dW[e] is left as it is
+      Tensor accum = partition_fragment_C(tiled_mma, take<0, 2>(TileShape{}));
+      if (blocks > 0) {
+        mainloop.mma(pipeline, read_state, accum, blocks, mma_thread, storage.tensors, params.mainloop);
+        mainloop.mma_tail(pipeline, read_state, blocks);
+        read_state.advance(blocks);
+      } else {
+        clear(accum);  // an expert with no rows: dW[e] = 0
+      }
+      epilogue.store(tile, accum);
+    }
+    epilogue.store_tail();
+  }
+#else
+  if (threadIdx.x == 0 && blockIdx.x == 0) printf("cutlass_moe: the sm90 wgrad kernel needs an sm_90a build\n");
+  __trap();
+#endif
+}
+
+}  // namespace cutlass_moe::sm90

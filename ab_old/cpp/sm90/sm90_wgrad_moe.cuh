@@ -1,0 +1,57 @@
+// Launch of the sm90 MoE weight-gradient kernel (sm90_wgrad_kernel.hpp) for one MoeWgradProblem:
+// one launch on the caller's stream, no workspace, counts read on the device (capturable in a CUDA
+// graph; a replay picks up new counts).
+#pragma once
+
+#include "sm90/sm90_tma_encode.hpp"  // first: routes every TMA encode through a checked call
+
+#include "check.h"
+#include "kernel_families.h"
+#include "sm90/sm90_launch.cuh"
+#include "sm90/sm90_wgrad_kernel.hpp"
+#include "wgrad_common.cuh"
+
+namespace cutlass_moe::sm90 {
+
+template <DType kDType, DType kOutDType, KernelConfig kConfig>
+using WgradKernelOf =
+    MoeWgradKernel<typename ElementOf<kDType>::type, typename ElementOf<kOutDType>::type, ConfigTraits<kConfig>>;
+
+template <DType kDType, DType kOutDType, KernelConfig kConfig>
+size_t WgradMoeInstance<kDType, kOutDType, kConfig>::workspace_size(int64_t, int) {
+  return WgradKernelOf<kDType, kOutDType, kConfig>::get_workspace_size({});
+}
+
+template <DType kDType, DType kOutDType, KernelConfig kConfig>
+void WgradMoeInstance<kDType, kOutDType, kConfig>::run(const MoeWgradProblem& p, void* workspace, size_t,
+                                                       int sm_count, cudaStream_t stream) {
+  using Kernel = WgradKernelOf<kDType, kOutDType, kConfig>;
+  using Element = typename Kernel::Element;
+  using ElementOut = typename Kernel::ElementOut;
+  const WgradOperands op = wgrad_operands(p);
+  int device = 0;
+  CUTLASS_MOE_CHECK_CUDA(cudaGetDevice(&device));
+
+  typename Kernel::Arguments args{};
+  args.problem = {static_cast<int>(p.num_tokens), static_cast<int>(op.m), static_cast<int>(op.n),
+                  static_cast<int>(p.num_experts)};
+  // With T = 0 no operand row is ever read; dW's address stands in for the descriptors' base.
+  args.ptr_a = static_cast<Element const*>(p.num_tokens > 0 ? op.a : p.out);
+  args.lda = op.lda;
+  args.ptr_b = static_cast<Element const*>(p.num_tokens > 0 ? op.b : p.out);
+  args.ldb = op.ldb;
+  args.epilogue = {static_cast<ElementOut*>(p.out), p.ldw, p.expert_stride, p.accumulate};
+  args.tokens_per_expert = p.tokens_per_expert;
+  args.counts_are_int64 = p.count_type == IndexType::kInt64;
+  args.hw_info.device_id = device;
+  args.hw_info.sm_count = sm_count;
+
+  CUTLASS_MOE_CHECK(Kernel::can_implement(args), Status::kInvalidArgument,
+                    "the sm90 MoE wgrad kernel cannot take T = " << p.num_tokens << ", M = " << op.m << ", N = "
+                                                                 << op.n << ", E = " << p.num_experts
+                                                                 << " with these strides");
+  const typename Kernel::Params params = Kernel::to_underlying_arguments(args, workspace);
+  launch_one_cta_per_sm<Kernel>(params, device, stream, "the sm90 MoE wgrad kernel");
+}
+
+}  // namespace cutlass_moe::sm90

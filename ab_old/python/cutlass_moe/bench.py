@@ -1,0 +1,292 @@
+"""The main job: ``python -m cutlass_moe.bench``.
+
+Runs the public benchmark cases (cases.json, carried in the package) on the GPU, timing
+cutlass_moe.moe_gemm, torch._grouped_mm (where present) and a loop of per-expert torch.mm (cuBLAS)
+in the same run, on the same data. Checks every result against a float32 reference, prints a table
+(ms, TFLOP/s, fraction of the roofline floor, speedup over each peer) and writes JSON.
+
+The floor of a case is max(FLOPs / peak, bytes / bandwidth), with bytes = x + the weights of
+experts that have tokens + out, each once. It is given twice: with the H200 rates the public cases
+were scored against (790 TFLOP/s, 4.36 TB/s) and with the two ceilings measured in this run on this
+GPU (a large bf16 matmul, a large device-to-device copy).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from importlib import resources
+from typing import Callable, Dict, List, Optional
+
+import torch
+
+from .reference import per_expert_errors
+
+H200_TFLOPS = 790.0
+DEFAULT_VARIANTS = "grouped:auto,moe:auto"  # each sm90 family forced, beside the headline
+H200_TBPS = 4.36
+
+
+def load_cases() -> List[dict]:
+    with resources.files(__package__).joinpath("cases.json").open() as f:
+        return json.load(f)["cases"]
+
+
+def case_counts(cases: List[dict]) -> Dict[str, torch.Tensor]:
+    """tokens_per_expert of each case, drawn as cases.json's note says: 'random' cases draw
+    torch.rand(E) from one generator seeded 1234, in list order, normalize, scale by T, truncate
+    and add the remainder to the last expert; 'uniform' cases get T/E each."""
+    gen = torch.Generator().manual_seed(1234)
+    counts = {}
+    for case in cases:
+        e, t = case["E"], case["T"]
+        if case["dist"] == "random":
+            r = torch.rand(e, generator=gen, dtype=torch.float32)
+            c = (r / r.sum() * t).to(torch.int64)
+            c[-1] += t - int(c.sum())
+        elif case["dist"] == "uniform":
+            c = torch.full((e,), t // e, dtype=torch.int64)
+            c[-1] += t - int(c.sum())
+        else:
+            raise ValueError(f"case {case['name']}: unknown dist {case['dist']!r}")
+        counts[case["name"]] = c
+    return counts
+
+
+def floor_ms(case: dict, counts: torch.Tensor, tflops: float, tbps: float, elem_bytes: int = 2) -> float:
+    t, k, n = case["T"], case["K"], case["N"]
+    active = int((counts > 0).sum())
+    flops = 2.0 * t * k * n
+    bytes_moved = elem_bytes * (t * k + active * k * n + t * n)
+    return max(flops / (tflops * 1e12), bytes_moved / (tbps * 1e12)) * 1e3
+
+
+def _do_bench(fn: Callable[[], object], warmup_ms: float, rep_ms: float) -> float:
+    """Median ms. triton.testing.do_bench (which flushes L2 between runs) when Triton is there,
+    else the same method with CUDA events."""
+    try:
+        from triton.testing import do_bench
+        return float(do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
+    except ImportError:
+        pass
+    flush = torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device="cuda")
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(5):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    estimate = max(start.elapsed_time(end) / 5, 1e-3)
+    for _ in range(max(1, int(warmup_ms / estimate))):
+        fn()
+    times = []
+    for _ in range(max(1, int(rep_ms / estimate))):
+        flush.zero_()
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def measure_ceilings() -> Dict[str, float]:
+    """This GPU's bf16 matmul rate (TFLOP/s) and copy bandwidth (TB/s, read + write), on random data."""
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    mm_ms = _do_bench(lambda: torch.mm(a, b), 25, 200)
+    src = torch.randn(1024 * 1024 * 1024 // 4, device="cuda")  # 1 GiB
+    dst = torch.empty_like(src)
+    copy_ms = _do_bench(lambda: dst.copy_(src), 25, 200)
+    del a, b, src, dst
+    return {"tflops": 2 * 8192**3 / (mm_ms * 1e-3) / 1e12, "tbps": 2 * 2**30 / (copy_ms * 1e-3) / 1e12}
+
+
+def grouped_mm_peer(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor) -> Optional[Callable[[], torch.Tensor]]:
+    """torch._grouped_mm on the same data, or None where this PyTorch has none."""
+    fn = getattr(torch, "_grouped_mm", None)
+    if fn is None:
+        return None
+    offs = torch.cumsum(counts, 0).to(device=x.device, dtype=torch.int32)
+    return lambda: fn(x, w, offs=offs)
+
+
+def loop_peer(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor) -> Callable[[], torch.Tensor]:
+    """The sequential baseline: one cuBLAS torch.mm per expert with tokens (counts known on the host)."""
+    out = torch.empty(x.shape[0], w.shape[2], dtype=x.dtype, device=x.device)
+    bounds, start = [], 0
+    for e, c in enumerate(counts.tolist()):
+        if c:
+            bounds.append((e, start, start + c))
+        start += c
+
+    def run() -> torch.Tensor:
+        for e, s, t in bounds:
+            torch.mm(x[s:t], w[e], out=out[s:t])
+        return out
+
+    return run
+
+
+def run_case(case: dict, counts: torch.Tensor, args, moe_gemm) -> dict:
+    t, k, n, e = case["T"], case["K"], case["N"], case["E"]
+    dtype = torch.float16 if args.dtype == "fp16" else torch.bfloat16
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(t, k, device="cuda", dtype=dtype, generator=gen)
+    w = torch.randn(e, k, n, device="cuda", dtype=dtype, generator=gen) * (k ** -0.5)
+    counts_gpu = counts.to("cuda", torch.int32)
+    flops = 2.0 * t * k * n
+    row = {"name": case["name"], "E": e, "T": t, "K": k, "N": n, "dist": case["dist"]}
+
+    runners = {"moe_gemm": lambda: moe_gemm(x, w, counts_gpu, backend=args.backend, config=args.config)}
+    for variant in args.variants.split(",") if args.variants else []:  # each family, and tuning runs
+        backend, _, config = variant.partition(":")
+        runners[f"moe_gemm[{variant}]"] = (
+            lambda backend=backend, config=config or "auto": moe_gemm(x, w, counts_gpu, backend=backend, config=config))
+    peer = grouped_mm_peer(x, w, counts)
+    if peer is not None:
+        runners["torch_grouped_mm"] = peer
+    runners["loop"] = loop_peer(x, w, counts)
+
+    timed = {}
+    for label, fn in runners.items():
+        try:
+            y = fn()
+            torch.cuda.synchronize()
+        except Exception as exc:  # a peer that cannot run this case is reported, not fatal
+            row[f"{label}_error"] = f"{type(exc).__name__}: {exc}"[:300]
+            continue
+        if not args.no_check:  # per expert: one norm over all rows would hide a wrong expert or row
+            errors = per_expert_errors(y, x, w, counts)
+            row[f"{label}_worst_rel"] = errors["worst_rel"]  # NaN or inf where an owned row is not finite
+            row[f"{label}_max_abs"] = errors["max_abs"]
+            row[f"{label}_elem_ratio"] = errors["elem_ratio"]  # > 1: some element outside its tolerance
+        del y
+        timed[label] = fn
+    # Time after every check, in two rounds of opposite order, keeping each runner's better median:
+    # no runner is favoured by going first after the float32 checks or by drifting clocks.
+    for round_order in (list(timed), list(reversed(timed))):
+        for label in round_order:
+            ms = _do_bench(timed[label], args.warmup_ms, args.rep_ms)
+            row[f"{label}_ms"] = min(ms, row.get(f"{label}_ms", float("inf")))
+    for label in timed:
+        row[f"{label}_tflops"] = flops / (row[f"{label}_ms"] * 1e-3) / 1e12
+    return row
+
+
+def _fmt(v, spec: str) -> str:
+    return format(v, spec) if isinstance(v, (int, float)) else "-"
+
+
+def print_table(rows: List[dict], ceilings: Dict[str, float]) -> None:
+    head = (f"{'case':<20} {'ours ms':>8} {'grouped':>8} {'moe':>8} {'gmm ms':>8} {'loop ms':>8} {'TFLOP/s':>8} "
+            f"{'floor':>7} {'%floor':>7} {'%floor*':>7} {'x gmm':>6} {'x loop':>6} {'err':>8}")
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        ours = r.get("moe_gemm_ms")
+        frac = r["floor_ms_h200"] / ours if ours else None
+        frac_measured = r["floor_ms_measured"] / ours if ours else None
+        gmm, loop = r.get("torch_grouped_mm_ms"), r.get("loop_ms")
+        print(f"{r['name']:<20} {_fmt(ours, '8.3f')} {_fmt(r.get('moe_gemm[grouped:auto]_ms'), '8.3f')} "
+              f"{_fmt(r.get('moe_gemm[moe:auto]_ms'), '8.3f')} {_fmt(gmm, '8.3f')} {_fmt(loop, '8.3f')} "
+              f"{_fmt(r.get('moe_gemm_tflops'), '8.1f')} {r['floor_ms_h200']:7.3f} "
+              f"{_fmt(frac and 100 * frac, '6.1f')}% {_fmt(frac_measured and 100 * frac_measured, '6.1f')}% "
+              f"{_fmt(gmm and ours and gmm / ours, '6.2f')} {_fmt(loop and ours and loop / ours, '6.2f')} "
+              f"{_fmt(r.get('moe_gemm_worst_rel'), '8.1e')}")
+    extra = sorted({k[len("moe_gemm["):-len("]_ms")] for r in rows for k in r if k.startswith("moe_gemm[") and k.endswith("]_ms")})
+    extra = [v for v in extra if v not in ("grouped:auto", "moe:auto")]
+    if extra:
+        print("\nother variants, ms (ratio to the headline moe_gemm):")
+        for r in rows:
+            cells = [f"{c}={r[f'moe_gemm[{c}]_ms']:.3f} ({r[f'moe_gemm[{c}]_ms'] / r['moe_gemm_ms']:.2f})"
+                     for c in extra if f"moe_gemm[{c}]_ms" in r and r.get("moe_gemm_ms")]
+            print(f"  {r['name']:<20} " + "  ".join(cells))
+    print(f"floor: H200 rates ({H200_TFLOPS:.0f} TFLOP/s, {H200_TBPS} TB/s); %floor* uses this GPU's measured "
+          f"ceilings ({ceilings['tflops']:.0f} TFLOP/s, {ceilings['tbps']:.2f} TB/s). "
+          f"ours: backend/config 'auto'; grouped, moe: each family forced (config auto). "
+          f"x gmm / x loop: speedup of ours over torch._grouped_mm / the torch.mm loop.")
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m cutlass_moe.bench", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cases", default="", help="comma-separated case names (default: all)")
+    parser.add_argument("--json", default="cutlass_moe_bench.json", help="where to write the results")
+    parser.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
+    parser.add_argument("--backend", default="auto", help="headline moe_gemm backend (default: auto)")
+    parser.add_argument("--config", default="auto", help="headline moe_gemm kernel config (default: auto)")
+    parser.add_argument("--variants", default=DEFAULT_VARIANTS,
+                        help="more moe_gemm runs to time beside it, as backend:config, comma-separated "
+                             "(default: each sm90 family with its heuristic config; the sm80 families on "
+                             "other GPUs)")
+    parser.add_argument("--warmup-ms", type=float, default=25.0)
+    parser.add_argument("--rep-ms", type=float, default=100.0)
+    parser.add_argument("--no-check", action="store_true", help="skip the float32 reference check")
+    args = parser.parse_args(argv)
+
+    cases = load_cases()
+    counts = case_counts(cases)  # drawn over the whole list, so a filter does not change them
+    if args.cases:
+        wanted = set(args.cases.split(","))
+        unknown = wanted - {c["name"] for c in cases}
+        if unknown:
+            parser.error(f"unknown case(s): {', '.join(sorted(unknown))}")
+        cases = [c for c in cases if c["name"] in wanted]
+
+    if not torch.cuda.is_available():
+        print("cutlass_moe.bench: no CUDA GPU is visible, so nothing was timed. The kernels need an sm90 "
+              "(Hopper) GPU, or an sm80/86/89 one for the sm80 families. These are the cases it would run, "
+              "with the H200 floor and the peers' H200 times from cases.json:")
+        for c in cases:
+            print(f"  {c['name']:<20} E={c['E']:<4} T={c['T']:<6} K={c['K']:<5} N={c['N']:<6} {c['dist']:<8} "
+                  f"floor {c['floor_ms']:.3f} ms, torch._grouped_mm {c['torch_grouped_mm_ms']:.3f} ms, "
+                  f"loop {c['loop_ms']:.3f} ms")
+        return 1
+
+    from . import moe_gemm
+    major, minor = torch.cuda.get_device_capability()
+    name = torch.cuda.get_device_name()
+    if (major, minor) != (9, 0) and args.variants == DEFAULT_VARIANTS:
+        args.variants = "sm80_grouped:auto,sm80_moe:auto"  # the sm90 families do not run here
+
+    print(f"cutlass_moe.bench on {name}, torch {torch.__version__}, {args.dtype}", file=sys.stderr)
+    print("measuring this GPU's ceilings (bf16 matmul, copy bandwidth)...", file=sys.stderr)
+    ceilings = measure_ceilings()
+    rows = []
+    started = time.time()
+    for i, case in enumerate(cases):
+        print(f"[{i + 1}/{len(cases)}] {case['name']} (E={case['E']} T={case['T']} K={case['K']} N={case['N']})...",
+              file=sys.stderr, flush=True)
+        row = run_case(case, counts[case["name"]], args, moe_gemm)
+        row["floor_ms_h200"] = floor_ms(case, counts[case["name"]], H200_TFLOPS, H200_TBPS)
+        row["floor_ms_measured"] = floor_ms(case, counts[case["name"]], ceilings["tflops"], ceilings["tbps"])
+        row["public"] = {k: case[k] for k in ("floor_ms", "torch_grouped_mm_ms", "loop_ms") if k in case}
+        rows.append(row)
+        torch.cuda.empty_cache()
+    print(f"done in {time.time() - started:.0f} s", file=sys.stderr)
+
+    print_table(rows, ceilings)
+    result = {"device": name, "torch": torch.__version__, "dtype": args.dtype, "backend": args.backend,
+              "config": args.config, "variants": args.variants,
+              "ceilings": ceilings, "cases": rows}
+    with open(args.json, "w") as f:
+        json.dump(result, f, indent=1)
+    print(f"wrote {os.path.abspath(args.json)}", file=sys.stderr)
+    # The worst expert's relative error and every element's tolerance (assert_close_per_expert's
+    # bounds); "not <=" also fails a NaN or inf (an owned row not finite).
+    limits = {"_worst_rel": 2e-2, "_elem_ratio": 1.0}
+    failed = sorted({r["name"] for r in rows for k in r if k.startswith("moe_gemm") and (
+        k.endswith("_error") or any(k.endswith(suffix) and not r[k] <= bound for suffix, bound in limits.items()))})
+    if failed:
+        print(f"moe_gemm FAILED its check on: {', '.join(failed)}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,587 @@
+"""The public ops: :func:`moe_gemm` and its weight gradient :func:`moe_gemm_wgrad`, their argument
+checks, their ``torch.library`` registrations (fake implementations and autograd, so that autograd
+and ``torch.compile`` see them), and the calls into the compiled core.
+
+Eager calls that need no autograd graph (``torch.no_grad()``, inputs without ``requires_grad``)
+call the core directly, skipping the dispatcher; calls that record a graph, and everything under
+``torch.compile``, go through ``torch.ops.cutlass_moe.*``.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Optional, Tuple
+
+import torch
+
+from . import _C
+from .reference import moe_gemm_reference, moe_gemm_wgrad_reference
+
+# Enum values and limits of the C++ API (include/cutlass_moe/cutlass_moe.h), read from the build.
+_DTYPES = {torch.float16: _C.dtypes()["fp16"], torch.bfloat16: _C.dtypes()["bf16"]}
+_FP32 = _C.dtypes()["fp32"]
+_COUNT_TYPES = {torch.int32: _C.index_types()["int32"], torch.int64: _C.index_types()["int64"]}
+_LAYOUTS = dict(_C.layouts())  # "kn": (E, K, N) storage, N contiguous; "nk": (E, N, K), K contiguous
+_CONFIGS = dict(_C.config_names())  # name -> value, "auto" -> -1
+_BACKENDS = dict(_C.backend_names())  # "auto", "grouped", "moe", ... -> value
+_BACKEND_NAMES = {value: name for name, value in _BACKENDS.items()}
+_CONFIG_NAMES = {value: name for name, value in _CONFIGS.items()}
+_ACTIVATION_IDS = dict(_C.activations())  # "none", "relu", "gelu_tanh", "gelu", "silu", "swiglu_oai" -> value
+MAX_TOKENS = _C.MAX_TOKENS  # rows of x and out the kernels take (2^31 - 1024)
+# The CPU path is the float32 reference: it also takes float32 and float64 (torch.autograd.gradcheck).
+_CPU_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _check_tensor(name: str, t, ndim: int) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != ndim:
+        raise ValueError(f"{name}: expected {ndim} dimensions, got shape {tuple(t.shape)}")
+
+
+def _check_dtype(name: str, t: torch.Tensor) -> None:
+    allowed = _CPU_DTYPES if t.device.type == "cpu" else tuple(_DTYPES)
+    if t.dtype not in allowed:
+        where = "on the CPU" if t.device.type == "cpu" else "on the GPU"
+        raise TypeError(f"{name}: expected dtype {' or '.join(str(d) for d in allowed)} {where}, got {t.dtype}")
+
+
+def _check_counts(counts, num_experts: int, device: torch.device) -> None:
+    _check_tensor("tokens_per_expert", counts, 1)
+    if counts.dtype not in _COUNT_TYPES:
+        raise TypeError(f"tokens_per_expert: expected dtype torch.int32 or torch.int64, got {counts.dtype}")
+    if counts.shape[0] != num_experts:
+        raise ValueError(f"tokens_per_expert: expected {num_experts} entries (one per expert), got {counts.shape[0]}")
+    if counts.device != device and counts.device.type != "cpu":
+        raise ValueError(f"tokens_per_expert: on {counts.device}, expected x's device {device} or the CPU")
+
+
+def _check_host_counts(counts: torch.Tensor, num_tokens: int) -> Optional[int]:
+    """Counts on the CPU are checked on the host (at run time, not while tracing). Returns their
+    sum, where the owned rows end, or None for counts on the device."""
+    if counts.device.type != "cpu":
+        return None
+    if counts.numel() == 0:
+        return 0
+    if bool((counts < 0).any()):
+        raise ValueError(f"tokens_per_expert: counts must be >= 0, got {counts.tolist()}")
+    total = int(counts.sum())
+    if total > num_tokens:
+        raise ValueError(f"tokens_per_expert: counts sum to {total}, more than the {num_tokens} rows of x")
+    return total
+
+
+def _weight_layout(weights: torch.Tensor, trans_b: bool, name: str = "weights") -> Tuple[int, int]:
+    """(layout, leading dimension) of the per-expert K x N matrix, read off the strides.
+
+    Any view whose innermost dimension is contiguous is taken as it is, without a copy. (K and N
+    are multiples of 8 by then, so a size-1 dimension cannot make the strides ambiguous.)
+    """
+    _, s1, s2 = weights.stride()
+    # The tensor is (E, K, N) for trans_b=False and (E, N, K) for trans_b=True.
+    if s2 == 1:
+        return _LAYOUTS["nk" if trans_b else "kn"], s1
+    if s1 == 1:
+        return _LAYOUTS["kn" if trans_b else "nk"], s2
+    raise ValueError(
+        f"{name}: one of the last two dimensions must be contiguous (stride 1), got strides "
+        f"{tuple(weights.stride())} for shape {tuple(weights.shape)}")
+
+
+# One plan per problem shape: the kernel instance is resolved once, not on every call.
+_plan = functools.lru_cache(maxsize=4096)(_C.plan)
+_wgrad_workspace_size = functools.lru_cache(maxsize=4096)(_C.wgrad_workspace_size)
+
+
+def _new_workspace(nbytes: int, device: torch.device) -> torch.Tensor:
+    """The workspace of one call (the grouped families' per-expert arrays and CUTLASS's own); its
+    contents need not be initialized. benchmarks/sanitize_sweep.py swaps in zeros for initcheck."""
+    return torch.empty(nbytes, dtype=torch.uint8, device=device)
+
+
+# The current raw stream and device through the torch._C entry points Inductor's generated code
+# calls: microseconds cheaper per call than torch.cuda.current_stream(), which builds a Stream
+# object. CPU-only builds of torch lack them (and never launch).
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+_current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
+
+
+def _stream(device: int) -> int:
+    if _raw_stream is not None:
+        return _raw_stream(device)
+    return torch.cuda.current_stream(device).cuda_stream
+
+
+def _on_device(device: int, fn, *args) -> None:
+    """Calls the core with `device` current (it launches on the current device)."""
+    if device == _current_device():
+        fn(*args)
+    else:
+        with torch.cuda.device(device):
+            fn(*args)
+
+
+def select_config(num_tokens: int, num_experts: int, n: int, k: int, backend: str = "auto",
+                  device: Optional[int] = None) -> Tuple[str, str]:
+    """The (backend, config) that ``backend=backend, config="auto"`` takes for these sizes on
+    ``device`` (default: the current CUDA device, or an sm90 one where there is none): a choice
+    from the architecture, T/E, N and K alone, never the counts."""
+    if backend not in _BACKENDS:
+        raise ValueError(f"backend: expected one of {sorted(_BACKENDS)}, got {backend!r}")
+    if device is None:
+        device = torch.cuda.current_device() if torch.cuda.is_available() else -1
+    b, c = _C.select(num_tokens, num_experts, n, k, _BACKENDS[backend], device)
+    return _BACKEND_NAMES[b], _CONFIG_NAMES[c]
+
+
+# ---- forward -----------------------------------------------------------------------------------
+
+def _check_config(config) -> None:
+    if config not in _CONFIGS:
+        names = sorted(n for n in _CONFIGS if n != "auto")
+        raise ValueError(f"config: expected 'auto' or one of {names}, got {config!r}")
+
+
+def _check_moe_gemm(x, weights, tokens_per_expert, trans_b, out, backend, config) -> Tuple[int, int, int, int]:
+    """Everything a user can get wrong that is visible without reading data; returns (T, K, E, N)."""
+    _check_tensor("x", x, 2)
+    _check_tensor("weights", weights, 3)
+    _check_dtype("x", x)
+    if weights.dtype != x.dtype:
+        raise TypeError(f"weights: dtype {weights.dtype} does not match x's {x.dtype}")
+    if not isinstance(trans_b, bool):
+        raise TypeError(f"trans_b: expected a bool, got {type(trans_b).__name__}")
+    if backend not in _BACKENDS:
+        raise ValueError(f"backend: expected one of {sorted(_BACKENDS)}, got {backend!r}")
+    _check_config(config)
+    num_tokens, k = x.shape
+    num_experts = weights.shape[0]
+    wk, n = (weights.shape[2], weights.shape[1]) if trans_b else (weights.shape[1], weights.shape[2])
+    if wk != k:
+        dims = "(E, N, K)" if trans_b else "(E, K, N)"
+        raise ValueError(
+            f"weights: expected shape {dims} with K = {k} (x is {tuple(x.shape)}), got {tuple(weights.shape)}")
+    if weights.device != x.device:
+        raise ValueError(f"weights: on {weights.device}, expected x's device {x.device}")
+    _check_counts(tokens_per_expert, num_experts, x.device)
+    if out is not None:
+        _check_out(out, x, (num_tokens, n))
+    if x.device.type not in ("cpu", "cuda", "meta"):
+        raise ValueError(f"x: expected a CUDA or CPU tensor, got device {x.device}")
+    return num_tokens, k, num_experts, n
+
+
+def _check_out(out, x, shape: Tuple[int, int]) -> None:
+    _check_tensor("out", out, 2)
+    if out.dtype != x.dtype:
+        raise TypeError(f"out: dtype {out.dtype} does not match x's {x.dtype}")
+    if tuple(out.shape) != shape:
+        raise ValueError(f"out: expected shape {shape}, got {tuple(out.shape)}")
+    if out.device != x.device:
+        raise ValueError(f"out: on {out.device}, expected x's device {x.device}")
+
+
+def _moe_gemm_impl(x, weights, tokens_per_expert, trans_b, out, backend, config, fused=None) -> torch.Tensor:
+    """Runs the op on checked arguments. A new output (out=None) is fully defined: the rows no
+    expert owns are zeros. A given out keeps those rows as they were. fused: the MoE families'
+    fused epilogue (fused.FusedArgs; a gated one writes N/2 columns), or None."""
+    num_tokens, k = x.shape
+    num_experts = weights.shape[0]
+    n = weights.shape[1] if trans_b else weights.shape[2]
+    owned_end = _check_host_counts(tokens_per_expert, num_tokens)
+    if x.device.type == "cpu":
+        if out is None:
+            return moe_gemm_reference(x, weights, tokens_per_expert, trans_b=trans_b).to(x.dtype)
+        return moe_gemm_reference(x, weights, tokens_per_expert, trans_b=trans_b, out=out)
+    # Python derives the layout and the strides; the C++ core checks them (sizes, 16-byte multiples,
+    # pointers) and raises ValueError naming the argument.
+    if k > 0 and x.stride(1) != 1:
+        raise ValueError(f"x: the last dimension must be contiguous, got strides {tuple(x.stride())}")
+    if out is not None and n > 0 and out.stride(1) != 1:
+        raise ValueError(f"out: the last dimension must be contiguous, got strides {tuple(out.stride())}")
+    if k > 0 and num_experts > 0 and n > 0:
+        layout, ldw = _weight_layout(weights, trans_b)
+    else:
+        layout, ldw = _LAYOUTS["nk" if trans_b else "kn"], n
+    device = x.device.index
+    dtype = _DTYPES[x.dtype]
+    plan = _plan(dtype, layout, num_tokens, num_experts, n, k, _BACKENDS[backend], _CONFIGS[config], device)
+    new_output = out is None
+    out_cols = n // 2 if fused is not None and fused.gated else n
+    if new_output:
+        out = torch.empty(num_tokens, out_cols, dtype=x.dtype, device=x.device)
+    if num_tokens == 0 or n == 0:
+        return out
+    counts = tokens_per_expert
+    if counts.device != x.device:
+        counts = counts.to(x.device, non_blocking=True)
+    # A new output's rows past the owned rows become zeros: in the same core call where the counts are
+    # on the device (a zero fill over the tail alone), by the host where it knows where they end.
+    zero_tail = new_output and owned_end is None
+    if new_output and owned_end is not None and owned_end < num_tokens:
+        out[owned_end:].zero_()
+    ws_bytes = plan.workspace_bytes
+    workspace = _new_workspace(ws_bytes, x.device) if ws_bytes else None
+    args = (plan, _COUNT_TYPES[counts.dtype], x.data_ptr(), x.stride(0) if num_tokens > 1 else k,
+            weights.data_ptr(), ldw, weights.stride(0) if num_experts > 1 else 0,
+            out.data_ptr(), out.stride(0) if num_tokens > 1 else out_cols, counts.data_ptr(),
+            workspace.data_ptr() if ws_bytes else 0, ws_bytes, zero_tail, _stream(device))
+    if fused is None:
+        _on_device(device, _C.run, *args)
+    else:
+        bias, row_scale = fused.bias, fused.row_scale
+        _on_device(device, _C.run_fused, *args, bias.data_ptr() if bias is not None else 0,
+                   bias.stride(0) if bias is not None else 0, row_scale.data_ptr() if row_scale is not None else 0,
+                   _ACTIVATION_IDS[fused.activation], fused.gated, fused.alpha, fused.limit)
+    return out
+
+
+@torch.library.custom_op("cutlass_moe::moe_gemm", mutates_args=())
+def _moe_gemm_op(x: torch.Tensor, weights: torch.Tensor, tokens_per_expert: torch.Tensor, trans_b: bool,
+                 backend: str, config: str) -> torch.Tensor:
+    return _moe_gemm_impl(x, weights, tokens_per_expert, trans_b, None, backend, config)
+
+
+@_moe_gemm_op.register_fake
+def _moe_gemm_fake(x, weights, tokens_per_expert, trans_b, backend, config):
+    n = weights.shape[1] if trans_b else weights.shape[2]
+    return x.new_empty(x.shape[0], n)
+
+
+def _moe_gemm_setup_context(ctx, inputs, output):
+    x, weights, tokens_per_expert, trans_b, backend, config = inputs
+    ctx.trans_b, ctx.backend = trans_b, backend
+    ctx.save_for_backward(x if ctx.needs_input_grad[1] else None,
+                          weights if ctx.needs_input_grad[0] else None, tokens_per_expert)
+
+
+def _moe_gemm_grads(ctx, grad, traced: bool):
+    """(dx, dW). traced: through the registered ops (torch.compile, export); else through the
+    public functions (eager: no dispatcher cost, and differentiable again under create_graph)."""
+    x, weights, tokens_per_expert = ctx.saved_tensors
+    grad_x = grad_weights = None
+    grad = grad.contiguous()
+    if ctx.needs_input_grad[0]:
+        # dgrad: dx_e = dy_e @ W_e^T, the forward op with the weights in the other layout (no copy).
+        if traced:
+            grad_x = _moe_gemm_op(grad, weights, tokens_per_expert, not ctx.trans_b, ctx.backend, "auto")
+        else:
+            grad_x = moe_gemm(grad, weights, tokens_per_expert, trans_b=not ctx.trans_b, backend=ctx.backend)
+    if ctx.needs_input_grad[1]:
+        # wgrad: dW_e = x_e^T @ dy_e, in the weights' shape and dtype, on the forward family's arch.
+        backend = _WGRAD_BACKEND_OF[ctx.backend]
+        if traced:
+            grad_weights = _moe_gemm_wgrad_op(x, grad, tokens_per_expert, ctx.trans_b, None, backend, "auto")
+        else:
+            grad_weights = moe_gemm_wgrad(x, grad, tokens_per_expert, trans_b=ctx.trans_b, backend=backend)
+    return grad_x, grad_weights
+
+
+_moe_gemm_op.register_autograd(lambda ctx, grad: (*_moe_gemm_grads(ctx, grad, traced=True), None, None, None, None),
+                               setup_context=_moe_gemm_setup_context)
+
+
+class _MoeGemmFunction(torch.autograd.Function):
+    """Eager autograd of moe_gemm: the registered op's forward and backward, without its dispatch
+    cost (a torch.library op defined in Python costs tens of microseconds per call, measured in
+    benchmarks/training_bench.py's host table)."""
+
+    @staticmethod
+    def forward(ctx, x, weights, tokens_per_expert, trans_b, backend, config):
+        # forward(ctx, ...) rather than a separate setup_context: the latter costs ~10 us more per
+        # call in torch 2.11-2.13 (it is the torch.func-compatible path).
+        _moe_gemm_setup_context(ctx, (x, weights, tokens_per_expert, trans_b, backend, config), None)
+        return _moe_gemm_impl(x, weights, tokens_per_expert, trans_b, None, backend, config)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return (*_moe_gemm_grads(ctx, grad, traced=False), None, None, None, None)
+
+
+def _traced(*tensors) -> bool:
+    """Whether the call is being traced (torch.compile, export, fake or meta tensors): it must go
+    through the registered op, which those see."""
+    return torch.compiler.is_compiling() or any(t.is_meta for t in tensors)
+
+
+def _records_graph(*tensors) -> bool:
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def moe_gemm(
+    x: torch.Tensor,
+    weights: torch.Tensor,
+    tokens_per_expert: torch.Tensor,
+    *,
+    trans_b: bool = False,
+    out: Optional[torch.Tensor] = None,
+    backend: str = "auto",
+    config: str = "auto",
+    bias: Optional[torch.Tensor] = None,
+    activation: Optional[str] = None,
+    row_scale: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """Grouped GEMM over experts: ``out[rows_e] = x[rows_e] @ W_e`` with fp32 accumulation, and
+    optionally a fused epilogue ``row_scale[rows_e] * act(x[rows_e] @ W_e + bias[e])``.
+
+    Args:
+        x: (T, K) bf16 or fp16, rows sorted by expert (expert 0's rows first). Rows may be
+            strided; the last dimension must be contiguous. On the CPU (the float32 reference
+            path) also float32 and float64.
+        weights: (E, K, N), or (E, N, K) with ``trans_b=True`` (the nn.Linear layout, computing
+            ``x_e @ weights[e].T``). Any view whose innermost dimension is contiguous is used
+            without a copy, e.g. an (E, N, K) tensor's ``.transpose(1, 2)`` with ``trans_b=False``.
+        tokens_per_expert: (E,) int32 or int64, on x's device or on the CPU. On the device it is
+            never read by the host (no synchronization, CUDA-graph safe).
+        trans_b: whether ``weights`` is (E, N, K).
+        out: optional (T, N) tensor of x's dtype to write into; its last dimension must be
+            contiguous. A call with ``out`` is not differentiable (like torch's ``out=`` ops).
+        backend: kernel family. ``"moe"`` (sm90): our MoE kernel, which takes base pointers and
+            the counts and finds each tile's expert on the device (one launch, no workspace).
+            ``"grouped"`` (sm90): CUTLASS's ptr-array grouped GEMM, after a small kernel that
+            writes per-expert pointers and shapes. ``"sm80_moe"``, ``"sm80_grouped"``: the same two
+            ideas on CUTLASS 2.x (Ampere/Ada; also built for Hopper). ``"auto"`` picks per device
+            and problem (from the arch, T/E, N, K).
+        config: ``"auto"`` (heuristic from T/E, N, K) or a kernel config name from
+            :func:`cutlass_moe.built_configs` for the chosen backend.
+        bias: optional (E, N) tensor of x's dtype, added to expert e's rows.
+        activation: optional ``"relu"``, ``"gelu_tanh"``, ``"gelu"`` (erf) or ``"silu"``, applied
+            after the bias.
+        row_scale: optional (T,) float32 tensor multiplying each output row last (the router
+            weight of the down projection).
+            The three run in the epilogue of the MoE families (``moe``, ``sm80_moe``), in fp32
+            from the accumulators, when the call records no gradient (under torch.compile too,
+            as ``torch.ops.cutlass_moe.moe_gemm_fused``). Otherwise (a gradient is recorded, the
+            CPU, a grouped family) they run as torch operations on the GEMM's output (rounded to
+            x's dtype first), differentiable in every tensor argument; the bias gradient is
+            deterministic (cutlass_moe.fused). The gated form is :func:`cutlass_moe.moe_gemm_gated`.
+
+    Returns:
+        (T, N) tensor of x's dtype. Expert e owns rows ``[start_e, start_e + count_e)`` where the
+        counts are clamped to [0, T] and the running start is capped at T (so counts summing past T
+        are cut off at T, on the device). In a new output the rows past the last owned row are
+        zeros; a given ``out`` keeps them as they were.
+
+    Autograd: differentiable in x and weights (``torch.ops.cutlass_moe.moe_gemm``). The gradient
+    of x (dgrad) is this op again with the weights read in the other layout, ``dx_e = dy_e @ W_e^T``
+    (no copy); the gradient of the weights is :func:`moe_gemm_wgrad`. Rows past the last owned
+    row get ``dx = 0`` and add nothing to the weights' gradient.
+
+    Raises:
+        TypeError / ValueError naming the argument, before any launch. Counts on the CPU are
+        checked on the host: negative counts, or counts summing past T, raise ValueError.
+
+    Example::
+
+        >>> import torch, cutlass_moe
+        >>> x = torch.randn(96, 128, dtype=torch.bfloat16)
+        >>> w = torch.randn(3, 128, 64, dtype=torch.bfloat16)
+        >>> counts = torch.tensor([32, 0, 64])
+        >>> y = cutlass_moe.moe_gemm(x, w, counts)
+        >>> ref = cutlass_moe.moe_gemm_reference(x, w, counts)
+        >>> bool(torch.allclose(y.float(), ref, rtol=2e-2, atol=1e-1))
+        True
+    """
+    _check_moe_gemm(x, weights, tokens_per_expert, trans_b, out, backend, config)
+    if bias is not None or activation not in (None, "none") or row_scale is not None:
+        from .fused import FusedArgs, moe_gemm_fused  # fused.py builds on this module
+        return moe_gemm_fused(x, weights, tokens_per_expert, trans_b, out, backend, config,
+                              FusedArgs(bias, activation or "none", row_scale))
+    if out is None:
+        if _traced(x, weights):
+            return _moe_gemm_op(x, weights, tokens_per_expert, trans_b, backend, config)
+        if _records_graph(x, weights):
+            return _MoeGemmFunction.apply(x, weights, tokens_per_expert, trans_b, backend, config)
+    return _moe_gemm_impl(x, weights, tokens_per_expert, trans_b, out, backend, config)
+
+
+# ---- weight gradient ---------------------------------------------------------------------------
+
+_WGRAD_BACKENDS = ("auto", "moe", "grouped", "sm80_grouped")
+# The wgrad family of a forward family: the same kind on the same arch.
+_WGRAD_BACKEND_OF = {"auto": "auto", "moe": "moe", "grouped": "grouped", "sm80_moe": "sm80_grouped",
+                     "sm80_grouped": "sm80_grouped"}
+
+
+def _check_wgrad(x, grad_out, tokens_per_expert, trans_b, out, accumulate, backend) -> Tuple[int, int, int, int]:
+    """Returns (T, K, E, N); E comes from the counts."""
+    _check_tensor("x", x, 2)
+    _check_tensor("grad_out", grad_out, 2)
+    _check_dtype("x", x)
+    if grad_out.dtype != x.dtype:
+        raise TypeError(f"grad_out: dtype {grad_out.dtype} does not match x's {x.dtype}")
+    if grad_out.shape[0] != x.shape[0]:
+        raise ValueError(f"grad_out: expected {x.shape[0]} rows like x {tuple(x.shape)}, got {tuple(grad_out.shape)}")
+    if grad_out.device != x.device:
+        raise ValueError(f"grad_out: on {grad_out.device}, expected x's device {x.device}")
+    if not isinstance(trans_b, bool):
+        raise TypeError(f"trans_b: expected a bool, got {type(trans_b).__name__}")
+    if not isinstance(accumulate, bool):
+        raise TypeError(f"accumulate: expected a bool, got {type(accumulate).__name__}")
+    if backend not in _WGRAD_BACKENDS:
+        raise ValueError(f"backend: expected one of {list(_WGRAD_BACKENDS)} (the wgrad families), got {backend!r}")
+    _check_tensor("tokens_per_expert", tokens_per_expert, 1)
+    num_tokens, k = x.shape
+    n = grad_out.shape[1]
+    num_experts = tokens_per_expert.shape[0]
+    _check_counts(tokens_per_expert, num_experts, x.device)
+    shape = (num_experts, n, k) if trans_b else (num_experts, k, n)
+    if accumulate and out is None:
+        raise ValueError(f"out: accumulate=True adds into out, a float32 tensor of shape {shape}; got none")
+    if out is not None:
+        _check_tensor("out", out, 3)
+        if tuple(out.shape) != shape:
+            raise ValueError(f"out: expected shape {shape} ({'(E, N, K)' if trans_b else '(E, K, N)'}), "
+                             f"got {tuple(out.shape)}")
+        if out.dtype not in (x.dtype, torch.float32):
+            raise TypeError(f"out: expected dtype {x.dtype} (x's) or torch.float32, got {out.dtype}")
+        if accumulate and out.dtype != torch.float32:
+            raise TypeError(f"out: accumulate=True adds into a torch.float32 buffer, got {out.dtype}")
+        if out.device != x.device:
+            raise ValueError(f"out: on {out.device}, expected x's device {x.device}")
+    return num_tokens, k, num_experts, n
+
+
+def _moe_gemm_wgrad_impl(x, grad_out, tokens_per_expert, trans_b, out, accumulate, out_dtype, backend,
+                         config) -> torch.Tensor:
+    num_tokens, k = x.shape
+    n = grad_out.shape[1]
+    num_experts = tokens_per_expert.shape[0]
+    _check_host_counts(tokens_per_expert, num_tokens)
+    if out is None:
+        shape = (num_experts, n, k) if trans_b else (num_experts, k, n)
+        out = torch.empty(shape, dtype=out_dtype or x.dtype, device=x.device)
+    if x.device.type == "cpu":
+        ref = moe_gemm_wgrad_reference(x, grad_out, tokens_per_expert, trans_b=trans_b)
+        if accumulate:
+            out += ref
+        else:
+            out.copy_(ref)
+        return out
+    if num_experts == 0 or n == 0 or k == 0:
+        return out
+    if num_tokens > 0 and (x.stride(1) != 1 or grad_out.stride(1) != 1):
+        bad = "x" if x.stride(1) != 1 else "grad_out"
+        raise ValueError(f"{bad}: the last dimension must be contiguous, got strides "
+                         f"{tuple((x if bad == 'x' else grad_out).stride())}")
+    layout, ldw = _weight_layout(out, trans_b, name="out")
+    device = x.device.index
+    dtype, out_dtype_id = _DTYPES[x.dtype], (_FP32 if out.dtype == torch.float32 else _DTYPES[x.dtype])
+    backend_id, config_id = _BACKENDS[backend], _CONFIGS[config]
+    ws_bytes = _wgrad_workspace_size(dtype, out_dtype_id, layout, accumulate, num_tokens, num_experts, n, k,
+                                     backend_id, config_id, device)
+    workspace = _new_workspace(ws_bytes, x.device) if ws_bytes else None
+    counts = tokens_per_expert
+    if counts.device != x.device:
+        counts = counts.to(x.device, non_blocking=True)
+    _on_device(device, _C.wgrad, backend_id, config_id, dtype, out_dtype_id, layout, _COUNT_TYPES[counts.dtype],
+               accumulate, num_tokens, num_experts, n, k, x.data_ptr(), x.stride(0) if num_tokens > 1 else k,
+               grad_out.data_ptr(), grad_out.stride(0) if num_tokens > 1 else n,
+               out.data_ptr(), ldw, out.stride(0) if num_experts > 1 else 0, counts.data_ptr(),
+               workspace.data_ptr() if ws_bytes else 0, ws_bytes, _stream(device))
+    return out
+
+
+@torch.library.custom_op("cutlass_moe::moe_gemm_wgrad", mutates_args=())
+def _moe_gemm_wgrad_op(x: torch.Tensor, grad_out: torch.Tensor, tokens_per_expert: torch.Tensor, trans_b: bool,
+                       out_dtype: Optional[torch.dtype], backend: str, config: str) -> torch.Tensor:
+    return _moe_gemm_wgrad_impl(x, grad_out, tokens_per_expert, trans_b, None, False, out_dtype, backend, config)
+
+
+@_moe_gemm_wgrad_op.register_fake
+def _moe_gemm_wgrad_fake(x, grad_out, tokens_per_expert, trans_b, out_dtype, backend, config):
+    e, k, n = tokens_per_expert.shape[0], x.shape[1], grad_out.shape[1]
+    return x.new_empty((e, n, k) if trans_b else (e, k, n), dtype=out_dtype or x.dtype)
+
+
+def _moe_gemm_wgrad_setup_context(ctx, inputs, output):
+    x, grad_out, tokens_per_expert, trans_b, out_dtype, backend, config = inputs
+    ctx.trans_b = trans_b
+    ctx.save_for_backward(x, grad_out, tokens_per_expert)
+
+
+def _moe_gemm_wgrad_grads(ctx, grad, traced: bool):
+    # W_e = x_e^T dy_e (K x N, or its transpose): d x_e = dy_e G_e^T, d dy_e = x_e G_e, both the
+    # forward op with G (the incoming gradient, in W's layout) read one way or the other.
+    x, grad_out, tokens_per_expert = ctx.saved_tensors
+    g = grad.to(x.dtype).contiguous()  # an incoming gradient may be an expanded view (stride 0)
+    gemm = ((lambda a, w, trans_b: _moe_gemm_op(a, w, tokens_per_expert, trans_b, "auto", "auto")) if traced
+            else (lambda a, w, trans_b: moe_gemm(a, w, tokens_per_expert, trans_b=trans_b)))
+    grad_x = gemm(grad_out, g, not ctx.trans_b) if ctx.needs_input_grad[0] else None
+    grad_dy = gemm(x, g, ctx.trans_b) if ctx.needs_input_grad[1] else None
+    return grad_x, grad_dy
+
+
+_moe_gemm_wgrad_op.register_autograd(
+    lambda ctx, grad: (*_moe_gemm_wgrad_grads(ctx, grad, traced=True), None, None, None, None, None),
+    setup_context=_moe_gemm_wgrad_setup_context)
+
+
+class _MoeGemmWgradFunction(torch.autograd.Function):
+    """Eager autograd of moe_gemm_wgrad (see _MoeGemmFunction)."""
+
+    @staticmethod
+    def forward(ctx, x, grad_out, tokens_per_expert, trans_b, out_dtype, backend, config):
+        inputs = (x, grad_out, tokens_per_expert, trans_b, out_dtype, backend, config)
+        _moe_gemm_wgrad_setup_context(ctx, inputs, None)
+        return _moe_gemm_wgrad_impl(x, grad_out, tokens_per_expert, trans_b, None, False, out_dtype, backend, config)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return (*_moe_gemm_wgrad_grads(ctx, grad, traced=False), None, None, None, None, None)
+
+
+def moe_gemm_wgrad(
+    x: torch.Tensor,
+    grad_out: torch.Tensor,
+    tokens_per_expert: torch.Tensor,
+    *,
+    trans_b: bool = False,
+    out: Optional[torch.Tensor] = None,
+    accumulate: bool = False,
+    out_dtype: Optional[torch.dtype] = None,
+    backend: str = "auto",
+    config: str = "auto",
+) -> torch.Tensor:
+    """The weight gradient of :func:`moe_gemm`: ``dW[e] = x[rows_e]^T @ grad_out[rows_e]``.
+
+    A K-grouped GEMM: each expert's reduction runs over its rows, counted on the device (no host
+    synchronization; CUDA-graph safe, a replay picks up new counts). Deterministic: no atomics and
+    no split reduction, so the same inputs give the same bits.
+
+    Args:
+        x: (T, K) bf16 or fp16, the forward's input; last dimension contiguous.
+        grad_out: (T, N), x's dtype, the gradient of the forward's output; last dimension contiguous.
+        tokens_per_expert: (E,) int32 or int64 on x's device or the CPU, as in the forward.
+        trans_b: the forward's ``trans_b``: dW is (E, K, N), or (E, N, K) with ``trans_b=True``.
+        out: optional dW to write: that shape, x's dtype or float32, either of the last two
+            dimensions contiguous (its layout is read off the strides, like the forward's weights).
+        accumulate: add into ``out`` (a float32 buffer, e.g. Megatron's ``main_grad``) instead of
+            overwriting it.
+        out_dtype: dW's dtype without ``out``: x's (the default) or torch.float32.
+        backend: ``"moe"`` (sm90: our MoE kernel, one launch; its tile scheduler reads the counts and
+            each expert's reduction runs over its rows through ragged TMA views), ``"grouped"``
+            (sm90: CUTLASS's ptr-array grouped GEMM, one group per expert), ``"sm80_grouped"``
+            (CUTLASS 2.x GemmGrouped; Ampere, Ada, and Hopper as a fallback), or ``"auto"`` (the
+            first of these, in this order, that is built and runs here).
+        config: ``"auto"`` (the family's first built config) or a config name of the family from
+            :func:`cutlass_moe.built_configs` (``arch:wgrad_<family>:dtype:out_dtype:config``).
+
+    Returns:
+        dW. An expert with no rows gets exact zeros, or is left untouched when accumulating.
+        Differentiable in x and grad_out when called without ``out``.
+
+    The gradient of x (dgrad) needs no kernel of its own: it is
+    ``moe_gemm(grad_out, weights, tokens_per_expert, trans_b=not trans_b)``.
+    """
+    _check_wgrad(x, grad_out, tokens_per_expert, trans_b, out, accumulate, backend)
+    _check_config(config)
+    if out_dtype not in (None, x.dtype, torch.float32):
+        raise TypeError(f"out_dtype: expected None, {x.dtype} (x's) or torch.float32, got {out_dtype}")
+    if out is not None and out_dtype not in (None, out.dtype):
+        raise TypeError(f"out_dtype: {out_dtype} does not match out's {out.dtype}")
+    if out is None:
+        if _traced(x, grad_out):
+            return _moe_gemm_wgrad_op(x, grad_out, tokens_per_expert, trans_b, out_dtype, backend, config)
+        if _records_graph(x, grad_out):
+            return _MoeGemmWgradFunction.apply(x, grad_out, tokens_per_expert, trans_b, out_dtype, backend, config)
+    return _moe_gemm_wgrad_impl(x, grad_out, tokens_per_expert, trans_b, out, accumulate, out_dtype, backend, config)

@@ -1,0 +1,122 @@
+"""Shared fixtures and GPU markers. GPU tests are skipped with a reason where there is no GPU;
+they never pass without running."""
+import functools
+
+import pytest
+import torch
+
+HAS_CUDA = torch.cuda.is_available()
+DEVICE_CC = 10 * torch.cuda.get_device_capability()[0] + torch.cuda.get_device_capability()[1] if HAS_CUDA else 0
+IS_SM90 = DEVICE_CC == 90
+
+requires_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+requires_sm90 = pytest.mark.skipif(not IS_SM90, reason="needs an sm90 (Hopper) GPU for the sm90a kernels")
+
+
+@functools.lru_cache(maxsize=None)
+def _build_info():
+    import cutlass_moe
+    return cutlass_moe.build_info()
+
+
+def _sm80_family_ccs():
+    """Compute capabilities this build's sm80 families have machine code for: build_info()'s
+    "sm80_family_ccs", or, from a core that does not report it, parsed off its summary."""
+    info = _build_info()
+    if "sm80_family_ccs" in info:
+        return {int(cc) for cc in info["sm80_family_ccs"]}
+    archs = info["summary"].split("sm80 families for ")[-1]
+    return {int(a.strip()[3:]) for a in archs.split(",") if a.strip().startswith("sm_")}
+
+
+@functools.lru_cache(maxsize=None)
+def built_instances():
+    """This build's kernel instances as (arch, backend, dtype, layout, config) tuples."""
+    import cutlass_moe
+    return tuple(tuple(name.split(":")) for name in cutlass_moe.built_configs())
+
+
+_SM90_BACKENDS = ("grouped", "moe")
+_SM80_BACKENDS = ("sm80_grouped", "sm80_moe")
+DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def runs_here(backend: str) -> bool:
+    """Whether `backend` has kernels for this GPU in this build ("auto": any family). The sm90
+    families need an sm90 GPU and a build with 90a (CUTLASS_MOE_ARCHS); the sm80 families a GPU
+    whose compute capability they were built for; and each family at least one instance (a
+    custom build may leave a family's config list empty)."""
+    if not HAS_CUDA:
+        return False
+    if backend.startswith("wgrad_"):  # a weight-gradient family: wgrad_moe, wgrad_grouped, wgrad_sm80_grouped
+        family = backend[len("wgrad_"):]
+        arch_ok = DEVICE_CC == 90 if family in _SM90_BACKENDS else DEVICE_CC in _sm80_family_ccs()
+        return arch_ok and any(inst[1] == backend for inst in built_instances())
+    if backend not in _SM90_BACKENDS + _SM80_BACKENDS:
+        return any(runs_here(b) for b in _SM90_BACKENDS + _SM80_BACKENDS)
+    arch_ok = DEVICE_CC == 90 if backend in _SM90_BACKENDS else DEVICE_CC in _sm80_family_ccs()
+    return arch_ok and any(inst[1] == backend for inst in built_instances())
+
+
+def is_built(backend: str, dtype: torch.dtype, layout: str, config: str = "auto") -> bool:
+    """Whether this build has a kernel of `backend` ("auto": any family that runs here) for `dtype`
+    and the weight `layout` ("kn" or "nk": how each K x N matrix is stored) and, unless "auto",
+    `config`. A custom build (CUTLASS_MOE_DTYPES, CUTLASS_MOE_WEIGHT_LAYOUTS, the config lists) may
+    lack any of them."""
+    families = [backend] if backend != "auto" else [b for b in _SM90_BACKENDS + _SM80_BACKENDS if runs_here(b)]
+    wanted = (DTYPE_NAMES[dtype], layout)
+    return any(inst[1] in families and tuple(inst[2:4]) == wanted and config in ("auto", inst[4])
+               for inst in built_instances())
+
+
+def skip_unless_built(backend: str, dtype: torch.dtype, layout: str, config: str = "auto") -> None:
+    """pytest.skip, saying why, unless is_built(backend, dtype, layout, config)."""
+    if not is_built(backend, dtype, layout, config):
+        pytest.skip(f"this build has no {backend} kernel for {DTYPE_NAMES[dtype]}, {layout} weights"
+                    + ("" if config == "auto" else f", config {config}"))
+
+
+def backend_param(backend: str, *values):
+    """A pytest.param for `backend` that skips, saying why, where it has no kernels for this GPU."""
+    return pytest.param(backend, *values, marks=pytest.mark.skipif(
+        not runs_here(backend), reason=f"no {backend} kernels for this GPU in this build"))
+
+
+def wgrad_backend_param(family: str):
+    """A pytest.param for the weight-gradient family `family` ("moe", "grouped", "sm80_grouped")
+    that skips, saying why, where it has no kernels for this GPU."""
+    return pytest.param(family, marks=pytest.mark.skipif(
+        not runs_here("wgrad_" + family), reason=f"no {family} wgrad kernels for this GPU in this build"))
+
+
+requires_kernels = pytest.mark.skipif(not runs_here("auto"), reason="no kernels for this GPU in this build")
+
+
+def random_counts(num_experts: int, num_tokens: int, generator: torch.Generator, kind: str = "random") -> torch.Tensor:
+    """Irregular splits summing to num_tokens: 'random' (with zero-token experts), 'hot' (one expert
+    takes almost everything), 'one' (a single expert takes all), 'uniform'."""
+    if num_experts == 0:
+        return torch.zeros(0, dtype=torch.int64)
+    if kind == "uniform":
+        counts = torch.full((num_experts,), num_tokens // num_experts, dtype=torch.int64)
+    elif kind == "one":
+        counts = torch.zeros(num_experts, dtype=torch.int64)
+        counts[int(torch.randint(num_experts, (1,), generator=generator))] = num_tokens
+        return counts
+    elif kind == "hot":
+        counts = torch.zeros(num_experts, dtype=torch.int64)
+        rest = num_tokens // 10
+        idx = torch.randint(num_experts, (rest,), generator=generator)
+        counts.index_add_(0, idx, torch.ones(rest, dtype=torch.int64))
+        counts[int(torch.randint(num_experts, (1,), generator=generator))] += num_tokens - rest
+        return counts
+    elif kind == "random":
+        weights = torch.rand(num_experts, generator=generator)
+        weights[torch.rand(num_experts, generator=generator) < 0.3] = 0  # zero-token experts
+        if weights.sum() == 0:
+            weights[0] = 1
+        counts = (weights / weights.sum() * num_tokens).to(torch.int64)
+    else:
+        raise ValueError(kind)
+    counts[-1] += num_tokens - counts.sum()
+    return counts

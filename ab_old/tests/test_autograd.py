@@ -1,0 +1,432 @@
+"""Training: autograd of moe_gemm (dgrad through the forward kernels, wgrad through the K-grouped
+kernels), moe_gemm_wgrad on its own, the torch.library ops (opcheck, torch.compile, CUDA graphs)
+and the grouped_gemm / torch._grouped_mm drop-ins. The CPU tests run everywhere; the GPU tests
+need kernels for the GPU (conftest)."""
+import pytest
+import torch
+
+import cutlass_moe
+from cutlass_moe import moe_gemm, moe_gemm_wgrad
+from cutlass_moe.reference import assert_close_per_expert, expert_row_ranges, moe_gemm_reference
+
+from conftest import HAS_CUDA, backend_param, random_counts, requires_kernels, wgrad_backend_param
+
+BF16 = torch.bfloat16
+
+
+def make_weights(e, k, n, dtype, variant, device, gen):
+    """(weights, trans_b) for one of the four ways a user hands over K x N matrices."""
+    if variant == "kn":
+        return torch.randn(e, k, n, device=device, dtype=dtype, generator=gen), False
+    if variant == "nk":
+        return torch.randn(e, n, k, device=device, dtype=dtype, generator=gen), True
+    if variant == "nk_view":
+        return torch.randn(e, n, k, device=device, dtype=dtype, generator=gen).transpose(1, 2), False
+    if variant == "kn_view":
+        return torch.randn(e, k, n, device=device, dtype=dtype, generator=gen).transpose(1, 2), True
+    raise ValueError(variant)
+
+
+def reference_grads(x, w, counts, trans_b, dy):
+    """dx, dW of sum(moe_gemm(x, w) * dy) by float32 autograd through the reference loop."""
+    x32 = x.detach().float().requires_grad_()
+    w32 = w.detach().float().requires_grad_()
+    y = moe_gemm_reference(x32, w32, counts, trans_b=trans_b)
+    (y * dy.float()).sum().backward()
+    return x32.grad, w32.grad
+
+
+def check_dw(dw, ref, counts, num_tokens, trans_b, rel=1e-2):
+    """Expert by expert: each expert with rows within `rel` (and every element within bf16 rounding
+    of the scale); each expert without rows exactly zero."""
+    assert dw.shape == ref.shape
+    for e, (start, stop) in enumerate(expert_row_ranges(counts, num_tokens)):
+        got, want = dw[e].float(), ref[e].float()
+        if stop == start:
+            assert bool((got == 0).all()), f"expert {e} has no rows: its gradient must be exact zeros"
+            continue
+        err = (got - want).norm() / want.norm().clamp_min(1e-30)
+        assert err <= rel, f"expert {e}: relative error {err:.3e}"
+        rms = want.pow(2).mean().sqrt()
+        worst = ((got - want).abs() / (2e-2 * (want.abs() + rms))).max()
+        assert worst <= 1, f"expert {e}: an element is {worst:.2f}x outside 2e-2 * (|ref| + rms)"
+
+
+def check_dx(dx, ref, counts, num_tokens):
+    ranges = expert_row_ranges(counts, num_tokens)
+    end = ranges[-1][1] if ranges else 0
+    assert bool((dx[end:] == 0).all()), "rows past the last owned row get dx = 0"
+    for e, (start, stop) in enumerate(ranges):
+        if stop > start:
+            got, want = dx[start:stop].float(), ref[start:stop]
+            err = (got - want).norm() / want.norm().clamp_min(1e-30)
+            assert err <= 1e-2, f"dx of expert {e}: relative error {err:.3e}"
+            rms = want.pow(2).mean().sqrt()
+            assert ((got - want).abs() <= 2e-2 * (want.abs() + rms)).all(), f"dx of expert {e}: an element is off"
+
+
+# ---- CPU: runs everywhere -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("trans_b", [False, True])
+def test_gradcheck_cpu(trans_b):
+    gen = torch.Generator().manual_seed(0)
+    t, k, n, e = 13, 8, 16, 4
+    x = torch.randn(t, k, dtype=torch.float64, generator=gen, requires_grad=True)
+    shape = (e, n, k) if trans_b else (e, k, n)
+    w = torch.randn(*shape, dtype=torch.float64, generator=gen, requires_grad=True)
+    counts = torch.tensor([5, 0, 6, 0])  # a zero-token expert, 2 rows no expert owns
+    assert torch.autograd.gradcheck(lambda a, b: moe_gemm(a, b, counts, trans_b=trans_b), (x, w))
+
+
+def test_wgrad_gradcheck_cpu():
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(11, 8, dtype=torch.float64, generator=gen, requires_grad=True)
+    dy = torch.randn(11, 16, dtype=torch.float64, generator=gen, requires_grad=True)
+    counts = torch.tensor([4, 0, 5])
+    for trans_b in (False, True):
+        assert torch.autograd.gradcheck(lambda a, b: moe_gemm_wgrad(a, b, counts, trans_b=trans_b), (x, dy))
+
+
+def test_cpu_output_has_grad_fn_and_zero_tail():
+    x = torch.randn(10, 8, dtype=BF16, requires_grad=True)
+    w = torch.randn(2, 8, 16, dtype=BF16, requires_grad=True)
+    y = moe_gemm(x, w, torch.tensor([3, 4]))
+    assert y.grad_fn is not None
+    assert bool((y[7:] == 0).all()), "rows no expert owns are zeros in a new output"
+    y.sum().backward()
+    assert x.grad.shape == x.shape and w.grad.shape == w.shape
+    assert bool((x.grad[7:] == 0).all())
+
+
+def test_wgrad_cpu_matches_reference_and_accumulates():
+    gen = torch.Generator().manual_seed(2)
+    t, k, n = 40, 16, 24
+    counts = torch.tensor([10, 0, 25])  # 5 rows no expert owns
+    x = torch.randn(t, k, dtype=BF16, generator=gen)
+    dy = torch.randn(t, n, dtype=BF16, generator=gen)
+    ref = cutlass_moe.moe_gemm_wgrad_reference(x, dy, counts)
+    dw = moe_gemm_wgrad(x, dy, counts)
+    assert dw.dtype == BF16 and dw.shape == (3, k, n)
+    check_dw(dw, ref, counts, t, False)
+    main_grad = torch.full((3, n, k), 1.0)
+    moe_gemm_wgrad(x, dy, counts, trans_b=True, out=main_grad, accumulate=True)
+    torch.testing.assert_close(main_grad, ref.transpose(1, 2) + 1.0, rtol=1e-5, atol=1e-4)
+
+
+def _wgrad_bad_cases():
+    x, dy, c = torch.randn(8, 16, dtype=BF16), torch.randn(8, 24, dtype=BF16), torch.tensor([3, 5])
+    yield "grad_out rows", dict(grad_out=dy[:7]), ValueError, "grad_out: expected 8 rows"
+    yield "grad_out dtype", dict(grad_out=dy.half()), TypeError, "grad_out: dtype"
+    yield "grad_out rank", dict(grad_out=dy[None]), ValueError, "grad_out: expected 2 dimensions"
+    yield "accumulate without out", dict(accumulate=True), ValueError, "out: accumulate=True adds into out"
+    yield "accumulate into bf16", dict(accumulate=True, out=torch.zeros(2, 16, 24, dtype=BF16)), TypeError, \
+        "out: accumulate=True adds into a torch.float32"
+    yield "out shape", dict(out=torch.zeros(2, 24, 16)), ValueError, "out: expected shape (2, 16, 24)"
+    yield "out dtype", dict(out=torch.zeros(2, 16, 24, dtype=torch.float64)), TypeError, "out: expected dtype"
+    yield "counts dtype", dict(tokens_per_expert=c.float()), TypeError, "tokens_per_expert: expected dtype"
+    yield "accumulate type", dict(accumulate=1), TypeError, "accumulate: expected a bool"
+
+
+@pytest.mark.parametrize("label,override,exc,match", list(_wgrad_bad_cases()), ids=[c[0] for c in _wgrad_bad_cases()])
+def test_wgrad_bad_arguments_raise_naming_the_argument(label, override, exc, match):
+    kwargs = dict(x=torch.randn(8, 16, dtype=BF16), grad_out=torch.randn(8, 24, dtype=BF16),
+                  tokens_per_expert=torch.tensor([3, 5]))
+    kwargs.update(override)
+    with pytest.raises(exc) as info:
+        moe_gemm_wgrad(kwargs.pop("x"), kwargs.pop("grad_out"), kwargs.pop("tokens_per_expert"), **kwargs)
+    assert match in str(info.value)
+
+
+def _op_samples(device):
+    gen = torch.Generator(device=device).manual_seed(3)
+    x = torch.randn(40, 16, dtype=BF16, device=device, generator=gen, requires_grad=True)
+    w = torch.randn(3, 16, 24, dtype=BF16, device=device, generator=gen, requires_grad=True)
+    counts = torch.tensor([10, 0, 25], device=device)
+    dy = torch.randn(40, 24, dtype=BF16, device=device, generator=gen, requires_grad=True)
+    return x, w, counts, dy
+
+
+def _opcheck(device):
+    x, w, counts, dy = _op_samples(device)
+    torch.library.opcheck(torch.ops.cutlass_moe.moe_gemm.default, (x, w, counts, False, "auto", "auto"))
+    torch.library.opcheck(torch.ops.cutlass_moe.moe_gemm.default,
+                          (x, w.detach().transpose(1, 2).contiguous().requires_grad_(), counts, True, "auto", "auto"))
+    torch.library.opcheck(torch.ops.cutlass_moe.moe_gemm_wgrad.default, (x, dy, counts, False, None, "auto", "auto"))
+    torch.library.opcheck(torch.ops.cutlass_moe.moe_gemm_wgrad.default, (x, dy, counts, True, torch.float32, "auto", "auto"))
+
+
+def test_opcheck_cpu():
+    _opcheck("cpu")
+
+
+class MoeMLP(torch.nn.Module):
+    """Route, gate and up projections, SiLU, down projection, per-token combine: the MoE layer of a
+    Mixtral-style model, written with one grouped-GEMM function for all three projections."""
+
+    def __init__(self, experts, hidden, inter, top_k, gemm, dtype, device):
+        super().__init__()
+        self.top_k, self.gemm, self.experts = top_k, gemm, experts
+        self.router = torch.nn.Linear(hidden, experts, bias=False, dtype=dtype, device=device)
+        scale = hidden ** -0.5
+        self.w_gate = torch.nn.Parameter(torch.randn(experts, hidden, inter, dtype=dtype, device=device) * scale)
+        self.w_up = torch.nn.Parameter(torch.randn(experts, hidden, inter, dtype=dtype, device=device) * scale)
+        self.w_down = torch.nn.Parameter(torch.randn(experts, inter, hidden, dtype=dtype, device=device) * inter ** -0.5)
+
+    def forward(self, x):
+        probs, chosen = torch.topk(torch.softmax(self.router(x).float(), dim=-1), self.top_k, dim=-1)
+        flat = chosen.flatten()
+        order = torch.argsort(flat, stable=True)
+        counts = torch.zeros(self.experts, dtype=torch.int64, device=x.device).index_add_(0, flat, torch.ones_like(flat))
+        xs = x[order // self.top_k]
+        h = torch.nn.functional.silu(self.gemm(xs, self.w_gate, counts)) * self.gemm(xs, self.w_up, counts)
+        ys = self.gemm(h, self.w_down, counts)
+        out = torch.zeros(x.shape[0] * self.top_k, x.shape[1], dtype=ys.dtype, device=x.device)
+        out = out.index_copy(0, order, ys)
+        return (out.view(x.shape[0], self.top_k, -1) * probs.to(ys.dtype).unsqueeze(-1)).sum(1)
+
+
+def ours(xs, w, counts):
+    return moe_gemm(xs, w, counts)
+
+
+def test_compile_fullgraph_cpu():
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = MoeMLP(4, 32, 16, 2, ours, torch.float32, "cpu")
+    x = torch.randn(24, 32)
+    eager = model(x)
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    y = compiled(x)
+    torch.testing.assert_close(y, eager)
+    y.sum().backward()
+    assert model.w_gate.grad is not None and model.w_down.grad is not None
+
+
+def test_gmm_cpu_is_moe_gemm():
+    gen = torch.Generator().manual_seed(4)
+    a = torch.randn(30, 16, dtype=BF16, generator=gen)
+    b = torch.randn(3, 24, 16, dtype=BF16, generator=gen)
+    sizes = torch.tensor([10, 0, 20])
+    torch.testing.assert_close(cutlass_moe.gmm(a, b, sizes, trans_b=True), moe_gemm(a, b, sizes, trans_b=True))
+
+
+# ---- GPU --------------------------------------------------------------------------------------
+
+gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+
+
+@gpu
+@pytest.mark.parametrize("backend", [backend_param("auto"), backend_param("sm80_moe")])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("variant", ["kn", "nk", "nk_view", "kn_view"])
+@pytest.mark.parametrize("kind", ["random", "hot", "one"])
+def test_gradients_match_float32_autograd(kind, variant, dtype, backend):
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    t, k, n, e, tail = 1100, 256, 384, 9, 21
+    x = torch.randn(t, k, device="cuda", dtype=dtype, generator=gen, requires_grad=True)
+    w, trans_b = make_weights(e, k, n, dtype, variant, "cuda", gen)
+    w.requires_grad_()
+    counts = random_counts(e, t - tail, torch.Generator().manual_seed(6), kind).to("cuda", torch.int32)
+    counts[1] = 0  # always a zero-token expert
+    counts[-1] += t - tail - int(counts.sum())
+    dy = torch.randn(t, n, device="cuda", dtype=dtype, generator=gen)
+    y = moe_gemm(x, w, counts, trans_b=trans_b, backend=backend)
+    assert y.grad_fn is not None
+    y.backward(dy)
+    ref_dx, ref_dw = reference_grads(x, w, counts.cpu(), trans_b, dy)
+    check_dx(x.grad, ref_dx, counts.cpu(), t)
+    check_dw(w.grad, ref_dw, counts.cpu(), t, trans_b)
+
+
+@gpu
+@requires_kernels
+@pytest.mark.parametrize("counts_on", ["cuda", "cpu"])
+def test_new_output_is_fully_defined(counts_on):
+    # Rows no expert owns are zeros in a new output (never torch.empty's leftovers), on every family.
+    x = torch.randn(600, 64, device="cuda", dtype=BF16)
+    w = torch.randn(4, 64, 128, device="cuda", dtype=BF16)
+    counts = torch.tensor([100, 0, 300, 50], device=counts_on)
+    for backend in ("auto",) + tuple(b for b in ("moe", "grouped", "sm80_moe", "sm80_grouped")
+                                     if f":{b}:" in ":".join(cutlass_moe.built_configs())):
+        torch.cuda.empty_cache()
+        junk = torch.full((600, 128), float("nan"), device="cuda", dtype=BF16)  # what the allocator hands back
+        del junk
+        y = moe_gemm(x, w, counts, backend=backend)
+        assert bool((y[450:] == 0).all()), backend
+        assert_close_per_expert(y, x, w, counts.cpu())
+
+
+wgrad_backends = pytest.mark.parametrize("backend", [wgrad_backend_param(f) for f in ("moe", "grouped", "sm80_grouped")])
+
+
+@gpu
+@wgrad_backends
+@pytest.mark.parametrize("trans_b", [False, True])
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
+def test_wgrad_alone_per_expert_and_deterministic(out_dtype, trans_b, backend):
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    t, k, n, e = 3001, 512, 264, 12
+    counts = random_counts(e, t - 9, torch.Generator().manual_seed(8), "random").to("cuda", torch.int64)
+    counts[3] = 0
+    counts[-1] += t - 9 - int(counts.sum())
+    x = torch.randn(t, k, device="cuda", dtype=BF16, generator=gen)
+    dy = torch.randn(t, n, device="cuda", dtype=BF16, generator=gen)
+    shape = (e, n, k) if trans_b else (e, k, n)
+    out = torch.full(shape, float("nan"), device="cuda", dtype=out_dtype)
+    dw = moe_gemm_wgrad(x, dy, counts, trans_b=trans_b, out=out, backend=backend)
+    assert dw is out
+    ref = cutlass_moe.moe_gemm_wgrad_reference(x, dy, counts.cpu(), trans_b=trans_b)
+    check_dw(dw, ref, counts.cpu(), t, trans_b)
+    again = moe_gemm_wgrad(x, dy, counts, trans_b=trans_b, out=torch.empty_like(out), backend=backend)
+    assert torch.equal(again, dw), "the same inputs must give the same bits"
+
+
+@gpu
+@wgrad_backends
+def test_wgrad_accumulates_into_fp32_and_leaves_empty_experts(backend):
+    gen = torch.Generator(device="cuda").manual_seed(9)
+    t, k, n = 2000, 256, 128
+    counts = torch.tensor([700, 0, 1200, 0], device="cuda")
+    x = torch.randn(t, k, device="cuda", dtype=BF16, generator=gen)
+    dy = torch.randn(t, n, device="cuda", dtype=BF16, generator=gen)
+    main_grad = torch.randn(4, k, n, device="cuda", generator=gen)
+    before = main_grad.clone()
+    moe_gemm_wgrad(x, dy, counts, out=main_grad, accumulate=True, backend=backend)
+    ref = cutlass_moe.moe_gemm_wgrad_reference(x, dy, counts.cpu())
+    assert torch.equal(main_grad[1], before[1]) and torch.equal(main_grad[3], before[3]), "empty experts untouched"
+    for e in (0, 2):
+        torch.testing.assert_close(main_grad[e] - before[e], ref[e], rtol=1e-3, atol=1e-2)
+
+
+@gpu
+@wgrad_backends
+def test_wgrad_weights_layout_views(backend):
+    # dW written into an (E, K, N)-shaped buffer whose K is contiguous (a transposed (E, N, K)).
+    gen = torch.Generator(device="cuda").manual_seed(10)
+    x = torch.randn(500, 128, device="cuda", dtype=BF16, generator=gen)
+    dy = torch.randn(500, 64, device="cuda", dtype=BF16, generator=gen)
+    counts = torch.tensor([200, 300], device="cuda")
+    out = torch.empty(2, 64, 128, device="cuda", dtype=torch.float32).transpose(1, 2)
+    moe_gemm_wgrad(x, dy, counts, out=out, backend=backend)
+    check_dw(out, cutlass_moe.moe_gemm_wgrad_reference(x, dy, counts.cpu()), counts.cpu(), 500, False)
+
+
+@gpu
+@pytest.mark.parametrize("t,k,n,e", [(16384, 2880, 5760, 128), (16384, 64, 5760, 1)])
+@pytest.mark.parametrize("backend", [wgrad_backend_param("moe")])
+def test_wgrad_moe_partial_tiles_at_scale(t, k, n, e, backend):
+    # dW of K x N, neither a multiple of the 128 x 256 tile, with long reductions: the last tiles'
+    # TMA boxes wholly past K or N once faulted when x or grad_out ended at the end of mapped memory.
+    gen = torch.Generator(device="cuda").manual_seed(12)
+    x = torch.randn(t, k, device="cuda", dtype=BF16, generator=gen)
+    dy = torch.randn(t, n, device="cuda", dtype=BF16, generator=gen)
+    counts = torch.full((e,), t // e, device="cuda", dtype=torch.int32)
+    dw = moe_gemm_wgrad(x, dy, counts, backend=backend)
+    ref = torch._grouped_mm(x.t(), dy, offs=torch.cumsum(counts, 0, dtype=torch.int32))
+    for i in range(e):
+        err = float((dw[i].float() - ref[i].float()).norm() / ref[i].float().norm())
+        assert err < 1e-2, (i, err)
+
+
+@gpu
+@requires_kernels
+def test_opcheck_gpu():
+    _opcheck("cuda")
+
+
+@gpu
+@requires_kernels
+def test_compile_fullgraph_gpu_matches_eager():
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = MoeMLP(8, 256, 128, 2, ours, BF16, "cuda")
+    x = torch.randn(512, 256, device="cuda", dtype=BF16)
+    eager = model(x)
+    eager.float().pow(2).sum().backward()
+    grads = [p.grad.clone() for p in (model.w_gate, model.w_up, model.w_down)]
+    model.zero_grad()
+    compiled = torch.compile(model, fullgraph=True)
+    y = compiled(x)
+    torch.testing.assert_close(y, eager, rtol=2e-2, atol=2e-2)
+    y.float().pow(2).sum().backward()
+    # Inductor fuses the SiLU and the products in float32 where eager rounds to bf16 in between: the
+    # gradients agree to bf16 rounding as a whole, not element by element near zero.
+    for p, g in zip((model.w_gate, model.w_up, model.w_down), grads):
+        err = (p.grad.float() - g.float()).norm() / g.float().norm()
+        assert err < 2e-2, f"relative error {err:.3e}"
+
+
+@gpu
+@requires_kernels
+def test_cuda_graph_forward_backward_with_new_counts():
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    t, k, n, e = 1536, 256, 192, 16
+    x = torch.randn(t, k, device="cuda", dtype=BF16, generator=gen, requires_grad=True)
+    w = torch.randn(e, k, n, device="cuda", dtype=BF16, generator=gen, requires_grad=True)
+    dy = torch.randn(t, n, device="cuda", dtype=BF16, generator=gen)
+    counts = random_counts(e, t, torch.Generator().manual_seed(0)).to("cuda", torch.int32)
+
+    def step():
+        x.grad = w.grad = None
+        moe_gemm(x, w, counts).backward(dy)
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()  # warm-up outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    x.grad = w.grad = None
+    with torch.cuda.graph(graph):
+        moe_gemm(x, w, counts).backward(dy)
+    dx, dw = x.grad, w.grad  # the graph's own buffers, rewritten by every replay
+    for seed, kind in [(1, "random"), (2, "hot"), (3, "one")]:
+        new = random_counts(e, t - 17, torch.Generator().manual_seed(seed), kind).to("cuda", torch.int32)
+        new[5] = 0
+        new[-1] += t - 17 - int(new.sum())
+        counts.copy_(new)
+        graph.replay()
+        torch.cuda.synchronize()
+        ref_dx, ref_dw = reference_grads(x, w, new.cpu(), False, dy)
+        check_dx(dx, ref_dx, new.cpu(), t)
+        check_dw(dw, ref_dw, new.cpu(), t, False)
+
+
+@gpu
+@requires_kernels
+def test_grouped_mm_drop_in_matches_torch():
+    if not hasattr(torch, "_grouped_mm"):
+        pytest.skip("this PyTorch has no torch._grouped_mm")
+    gen = torch.Generator(device="cuda").manual_seed(12)
+    t, k, n, e = 1024, 256, 128, 8
+    counts = random_counts(e, t, torch.Generator().manual_seed(13)).to("cuda", torch.int32)
+    offs = torch.cumsum(counts, 0, dtype=torch.int32)
+    x = torch.randn(t, k, device="cuda", dtype=BF16, generator=gen)
+    w = torch.randn(e, n, k, device="cuda", dtype=BF16, generator=gen).transpose(-2, -1)  # torchtitan's view
+    dy = torch.randn(t, n, device="cuda", dtype=BF16, generator=gen)
+    assert_close_per_expert(cutlass_moe.grouped_mm(x, w, offs=offs), x, w, counts.cpu())
+    dw = cutlass_moe.grouped_mm(x.t(), dy, offs=offs)
+    check_dw(dw, cutlass_moe.moe_gemm_wgrad_reference(x, dy, counts.cpu()), counts.cpu(), t, False)
+    dw32 = cutlass_moe.grouped_mm(x.t(), dy, offs=offs, out_dtype=torch.float32)
+    assert dw32.dtype == torch.float32
+    check_dw(dw32, cutlass_moe.moe_gemm_wgrad_reference(x, dy, counts.cpu()), counts.cpu(), t, False, rel=1e-4)
+    torch.testing.assert_close(dw, torch._grouped_mm(x.t(), dy, offs=offs), rtol=2e-2, atol=2e-2)
+    # differentiable: x and w get gradients through our ops
+    xg, wg = x.clone().requires_grad_(), w.detach().clone().requires_grad_()
+    cutlass_moe.grouped_mm(xg, wg, offs=offs).backward(dy)
+    assert xg.grad is not None and wg.grad is not None
+
+
+@gpu
+@requires_kernels
+def test_gmm_drop_in_with_cpu_batch_sizes():
+    gen = torch.Generator(device="cuda").manual_seed(14)
+    a = torch.randn(700, 128, device="cuda", dtype=BF16, generator=gen, requires_grad=True)
+    b = torch.randn(5, 64, 128, device="cuda", dtype=BF16, generator=gen, requires_grad=True)
+    sizes = torch.tensor([100, 0, 300, 200, 100], dtype=torch.int64)  # grouped_gemm: int64 on the CPU
+    y = cutlass_moe.gmm(a, b, sizes, trans_b=True)
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    ref_dx, ref_dw = reference_grads(a, b, sizes, True, dy)
+    check_dx(a.grad, ref_dx, sizes, 700)
+    check_dw(b.grad, ref_dw, sizes, 700, True)

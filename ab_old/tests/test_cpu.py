@@ -1,0 +1,376 @@
+"""Tests that run everywhere (CI has no GPU): argument checking, the reference path, layout
+handling, the heuristic, the compiled module, the correctness check the GPU tests and the benchmark
+use, and the benchmark's behaviour without a GPU. They pass on any build configuration (archs,
+dtypes, layouts, config lists): nothing here depends on which kernels were built."""
+import itertools
+import random
+import re
+
+import pytest
+import torch
+
+import cutlass_moe
+from cutlass_moe import _C, moe_gemm, moe_gemm_reference, ops
+from cutlass_moe.ops import _weight_layout
+from cutlass_moe.reference import assert_close_per_expert, per_expert_errors
+
+from conftest import HAS_CUDA, random_counts
+
+BF16 = torch.bfloat16
+# The layout enum values: from the C++ enum (ops._LAYOUTS) where ops exposes them, else the old constants.
+_LAYOUT_KN, _LAYOUT_NK = ((ops._LAYOUTS["kn"], ops._LAYOUTS["nk"]) if hasattr(ops, "_LAYOUTS")
+                          else (ops._LAYOUT_KN, ops._LAYOUT_NK))
+
+
+def make(t=48, k=32, n=24, e=3, dtype=BF16, counts=None, trans_b=False):
+    x = torch.randn(t, k, dtype=dtype)
+    w = torch.randn(e, n, k, dtype=dtype) if trans_b else torch.randn(e, k, n, dtype=dtype)
+    c = torch.tensor([16, 0, 32]) if counts is None else counts
+    return x, w, c
+
+
+def _bad_cases():
+    x, w, c = make()
+    yield "x not a tensor", dict(x=x.tolist()), TypeError, "x:"
+    yield "x rank", dict(x=x[None]), ValueError, "x: expected 2 dimensions"
+    yield "x dtype", dict(x=x.int(), weights=w.int()), TypeError, "x: expected dtype"
+    yield "weights dtype", dict(weights=w.half()), TypeError, "weights: dtype"
+    yield "weights rank", dict(weights=w[0]), ValueError, "weights: expected 3 dimensions"
+    yield "K mismatch", dict(weights=torch.randn(3, 16, 24, dtype=BF16)), ValueError, "weights: expected shape (E, K, N) with K = 32"
+    yield "K mismatch trans_b", dict(weights=torch.randn(3, 24, 16, dtype=BF16), trans_b=True), ValueError, "(E, N, K)"
+    yield "E mismatch", dict(tokens_per_expert=torch.tensor([16, 32])), ValueError, "tokens_per_expert: expected 3 entries"
+    yield "counts dtype", dict(tokens_per_expert=c.float()), TypeError, "tokens_per_expert: expected dtype"
+    yield "counts rank", dict(tokens_per_expert=c[None]), ValueError, "tokens_per_expert: expected 1 dimensions"
+    yield "negative count", dict(tokens_per_expert=torch.tensor([16, -1, 32])), ValueError, "counts must be >= 0"
+    yield "counts past T", dict(tokens_per_expert=torch.tensor([16, 1, 32])), ValueError, "sum to 49"
+    yield "out shape", dict(out=torch.empty(48, 8, dtype=BF16)), ValueError, "out: expected shape (48, 24)"
+    yield "out dtype", dict(out=torch.empty(48, 24, dtype=torch.half)), TypeError, "out: dtype"
+    yield "out rank", dict(out=torch.empty(48, 24, 1, dtype=BF16)), ValueError, "out: expected 2 dimensions"
+    yield "weights device", dict(weights=w.to("meta")), ValueError, "weights: on meta"
+    yield "counts device", dict(tokens_per_expert=c.to("meta")), ValueError, "tokens_per_expert: on meta"
+    yield "out device", dict(out=torch.empty(48, 24, dtype=BF16, device="meta")), ValueError, "out: on meta"
+    yield "trans_b type", dict(trans_b=1), TypeError, "trans_b"
+    yield "config name", dict(config="fastest"), ValueError, "config: expected 'auto'"
+    yield "backend name", dict(backend="cublas"), ValueError, "backend: expected one of"
+
+
+@pytest.mark.parametrize("label,override,exc,match", list(_bad_cases()), ids=[c[0] for c in _bad_cases()])
+def test_bad_arguments_raise_naming_the_argument(label, override, exc, match):
+    x, w, c = make()
+    kwargs = dict(x=x, weights=w, tokens_per_expert=c)
+    kwargs.update(override)
+    with pytest.raises(exc) as info:
+        moe_gemm(kwargs.pop("x"), kwargs.pop("weights"), kwargs.pop("tokens_per_expert"), **kwargs)
+    assert match in str(info.value)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("trans_b", [False, True])
+@pytest.mark.parametrize("kind", ["random", "hot", "one", "uniform"])
+def test_cpu_path_matches_per_expert_matmul(dtype, trans_b, kind):
+    g = torch.Generator().manual_seed(7)
+    t, k, n, e = 67, 40, 24, 6
+    counts = random_counts(e, t - 5, g, kind)  # 5 tail rows that no expert owns
+    x = torch.randn(t, k, dtype=dtype, generator=g)
+    w = torch.randn(e, n, k, dtype=dtype, generator=g) if trans_b else torch.randn(e, k, n, dtype=dtype, generator=g)
+    out = torch.full((t, n), 7.0, dtype=dtype)
+    y = moe_gemm(x, w, counts, trans_b=trans_b, out=out)
+    assert y is out and y.dtype == dtype and y.shape == (t, n)
+    start = 0
+    for i, c in enumerate(counts.tolist()):
+        we = w[i].t() if trans_b else w[i]
+        expect = (x[start:start + c].float() @ we.float()).to(dtype)
+        torch.testing.assert_close(y[start:start + c], expect)
+        start += c
+    assert bool((y[start:] == 7.0).all()), "tail rows must be left unwritten"
+
+
+def test_reference_clamps_counts_like_the_kernels():
+    assert cutlass_moe.expert_row_ranges(torch.tensor([3, -2, 10, 4]), 8) == [(0, 3), (3, 3), (3, 8), (8, 8)]
+    assert cutlass_moe.expert_row_ranges(torch.tensor([2**40, 1]), 5) == [(0, 5), (5, 5)]
+
+
+def _hostile_count_cases():
+    rng = random.Random(5)
+    for _ in range(20):  # random counts summing below, to and past T
+        e, t = rng.randint(1, 40), rng.randint(0, 3000)
+        counts = [rng.randint(0, max(1, 2 * t // e)) for _ in range(e)]
+        yield counts, t
+        yield counts, sum(counts)
+        yield counts, max(0, sum(counts) - rng.randint(1, 50))
+    big, int64_max, int64_min = 2**40, 2**63 - 1, -2**63
+    yield [3, -2, 10, 4], 8
+    yield [big, 1], 5
+    yield [1, big, big, 7], 1000
+    yield [int64_max, int64_max, 5], 77
+    yield [int64_min, 10, int64_min, 20], 25
+    yield [int64_max, int64_min, int64_max], 2**31 - 1024
+    yield [-1, -5, -(2**31)], 100
+    yield [0, 0, 0, 0], 16
+    yield [], 16
+    yield [], 0
+    yield [5, 0, 3], 0
+    yield [2**31 - 1, 2**31 - 1, 1], 2**31 - 1024
+    yield [2**31, 2**32 + 3, 9], 2**31 - 1024
+
+
+def test_one_clamping_rule_on_host_and_device():
+    # The C++ expert_row_ranges runs the __host__ __device__ function the kernels use to clamp the
+    # counts; the Python reference must give the same rows for every count vector, hostile ones
+    # (negative, past T, near the int64 limits) included.
+    rows_in_cpp = getattr(_C, "expert_row_ranges", None)
+    if rows_in_cpp is None:
+        pytest.skip("cutlass_moe._C has no expert_row_ranges yet")
+    for counts, t in _hostile_count_cases():
+        want = cutlass_moe.expert_row_ranges(torch.tensor(counts, dtype=torch.int64), t)
+        got = [tuple(r) for r in rows_in_cpp(counts, t)]
+        assert got == want, (counts, t)
+        assert all(0 <= s <= e <= t for s, e in want) and all(a[1] == b[0] for a, b in zip(want, want[1:]))
+
+
+def test_reference_returns_float32_with_zero_tail():
+    x, w, c = make()
+    ref = moe_gemm_reference(x, w, c)
+    assert ref.dtype == torch.float32 and ref.shape == (48, 24)
+    assert bool((ref[48:] == 0).all())
+    torch.testing.assert_close(ref[:16], x[:16].float() @ w[0].float())
+    torch.testing.assert_close(ref[16:48], x[16:48].float() @ w[2].float())
+
+
+def _reference_case(t=24576, k=64, n=32, e=8, dtype=BF16, seed=0, tail=0):
+    """x, w, counts and a correct result (the float32 reference rounded to dtype, as a kernel
+    rounds its float32 accumulators): e experts sharing t - tail rows evenly (e = 1: all of them)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(t, k, dtype=dtype, generator=g)
+    w = torch.randn(e, k, n, dtype=dtype, generator=g)
+    counts = random_counts(e, t - tail, g, "uniform" if e > 1 else "one")
+    y = moe_gemm_reference(x, w, counts).to(dtype)
+    return x, w, counts, y
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("e", [1, 8])
+def test_per_expert_check_catches_one_wrong_row(e, dtype):
+    # A correct result passes; one wholly wrong row among 24576 fails, however the experts split
+    # them: one norm over all rows (or over one expert's 3072 or 24576 rows) moves by only
+    # sqrt(1/rows) (0.6-1.8%), within a 1e-2 or 2e-2 relative tolerance, so the check must also
+    # bound every element.
+    x, w, counts, y = _reference_case(e=e, dtype=dtype)
+    errors = assert_close_per_expert(y, x, w, counts)
+    assert errors["finite"] and errors["worst_rel"] < 5e-3 and errors["elem_ratio"] < 0.5, errors
+    starts = [s for s, _ in cutlass_moe.expert_row_ranges(counts, x.shape[0])]
+    row = 12345
+    expert = max(i for i, s in enumerate(starts) if s <= row)
+
+    zeroed = y.clone()
+    zeroed[row] = 0
+    with pytest.raises(AssertionError, match=f"expert {expert}, row {row}"):
+        assert_close_per_expert(zeroed, x, w, counts)
+
+    scaled = y.clone()
+    scaled[row] *= 1.1  # 10% off: more than any rounding
+    with pytest.raises(AssertionError, match=f"expert {expert}"):
+        assert_close_per_expert(scaled, x, w, counts)
+
+    other = 20000 if expert == 0 and e == 1 else starts[-1] + 7  # another expert's row where there is one
+    swapped = y.clone()
+    swapped[[row, other]] = swapped[[other, row]]
+    with pytest.raises(AssertionError, match="row"):
+        assert_close_per_expert(swapped, x, w, counts)
+
+    unwritten = y.clone()
+    unwritten[row, 3] = float("nan")
+    with pytest.raises(AssertionError, match=f"expert {expert} has non-finite values"):
+        assert_close_per_expert(unwritten, x, w, counts)
+
+
+def test_per_expert_check_names_the_worst_expert_and_ignores_unowned_rows():
+    x, w, counts, y = _reference_case(t=1000, k=256, n=64, e=5, tail=40)
+    y[-40:] = float("nan")  # rows no expert owns are not looked at
+    assert assert_close_per_expert(y, x, w, counts)["finite"]
+    ranges = cutlass_moe.expert_row_ranges(counts, x.shape[0])
+    start, stop = ranges[3]
+    y[start:stop] = moe_gemm_reference(x[start:stop], w[2:3], torch.tensor([stop - start])).to(BF16)  # expert 2's W
+    errors = per_expert_errors(y, x, w, counts)
+    assert errors["worst_expert"] == 3 and errors["worst_rel"] > 0.5, errors
+    with pytest.raises(AssertionError, match=r"relative error .* in expert 3;.*max \|y - ref\|"):
+        assert_close_per_expert(y, x, w, counts)
+    # An explicit absolute tolerance replaces the per-element bound.
+    errors = assert_close_per_expert(y[:start], x[:start], w[:3], counts[:3], abs_tol=1.0)
+    assert errors["max_abs"] <= 1.0
+    y[5, 0] += 2.0
+    with pytest.raises(AssertionError, match="max \\|y - ref\\| = .* > 1 in expert 0, row 5"):
+        assert_close_per_expert(y[:start], x[:start], w[:3], counts[:3], abs_tol=1.0, rel=1.0)
+
+
+def test_per_expert_check_of_nothing():
+    x, w, _, y = _reference_case(t=10, k=16, n=8, e=2)
+    errors = assert_close_per_expert(y, x, w, torch.zeros(2, dtype=torch.int64))
+    assert errors["worst_expert"] == -1 and errors["finite"]
+
+
+def test_strided_weight_views_are_read_without_copy():
+    base = torch.randn(4, 64, 32, dtype=BF16)  # (E, N, K)
+    assert _weight_layout(base, trans_b=True) == (_LAYOUT_NK, 32)
+    assert _weight_layout(base.transpose(1, 2), trans_b=False) == (_LAYOUT_NK, 32)
+    kn = torch.randn(4, 32, 64, dtype=BF16)  # (E, K, N)
+    assert _weight_layout(kn, trans_b=False) == (_LAYOUT_KN, 64)
+    assert _weight_layout(kn.transpose(1, 2), trans_b=True) == (_LAYOUT_KN, 64)
+    padded = torch.randn(4, 32, 80, dtype=BF16)[:, :, :64]  # rows padded to 80
+    assert _weight_layout(padded, trans_b=False) == (_LAYOUT_KN, 80)
+    with pytest.raises(ValueError, match="weights: one of the last two dimensions must be contiguous"):
+        _weight_layout(torch.randn(4, 64, 64, 2, dtype=BF16)[..., 0], trans_b=False)
+
+
+def test_cpu_path_takes_strided_views():
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(40, 48, dtype=BF16, generator=g)[:, :32]  # row stride 48
+    w_nk = torch.randn(3, 24, 32, dtype=BF16, generator=g)
+    c = torch.tensor([10, 20, 10])
+    torch.testing.assert_close(moe_gemm(x, w_nk.transpose(1, 2), c), moe_gemm(x, w_nk, c, trans_b=True))
+
+
+def test_empty_problems_on_cpu():
+    x, w, _ = make(t=0)
+    assert moe_gemm(x, w, torch.zeros(3, dtype=torch.int64)).shape == (0, 24)
+    x = torch.randn(5, 16, dtype=BF16)
+    w = torch.randn(0, 16, 8, dtype=BF16)
+    assert moe_gemm(x, w, torch.zeros(0, dtype=torch.int32)).shape == (5, 8)
+
+
+@pytest.mark.parametrize("t,e,n,k,expect", [
+    (1024, 256, 4096, 7168, "sm90_pingpong_64x256x64_1x1x1"),       # dsv3-decode
+    (512, 128, 1536, 2048, "sm90_pingpong_64x256x64_1x1x1"),        # qwen3-30b-decode
+    (64, 8, 28672, 4096, "sm90_pingpong_64x256x64_1x1x1"),          # mixtral-decode
+    (32768, 256, 4096, 7168, "sm90_pingpong_64x256x64_1x1x1"),      # dsv3-prefill, 128 rows/expert
+    (24576, 128, 1024, 1024, "sm90_pingpong_64x256x64_1x1x1"),      # seed000-g128
+    (24576, 8, 1024, 1024, "sm90_cooperative_128x256x64_1x2x1"),    # seed000-g8, 3072 rows/expert
+    (30720, 12, 3072, 1024, "sm90_cooperative_128x256x64_1x2x1"),   # seed004-uniform
+    (0, 0, 8, 8, "sm90_pingpong_64x256x64_1x1x1"),
+])
+def test_heuristic_picks_small_m_tiles_unless_experts_have_thousands_of_rows(t, e, n, k, expect):
+    assert cutlass_moe.select_config(t, e, n, k, backend="grouped") == ("grouped", expect)
+
+
+@pytest.mark.parametrize("t,e,n,k,expect", [
+    (1024, 256, 4096, 7168, "sm90_pingpong_64x256x64_1x1x1"),       # dsv3-decode
+    (24576, 128, 1024, 1024, "sm90_pingpong_64x256x64_1x1x1"),      # seed000-g128
+    (32768, 128, 1536, 2048, "sm90_pingpong_64x256x64_1x1x1"),      # qwen3-30b-prefill: K = 2048
+    (24576, 32, 1024, 1024, "sm90_pingpong_64x256x64_1x1x1"),       # seed000-g32: 768 rows/expert, K = 1024
+    (8192, 8, 28672, 4096, "sm90_cooperative_128x256x64_1x1x1"),    # mixtral-prefill: 1024 rows/expert
+    (32768, 256, 4096, 7168, "sm90_cooperative_128x256x64_1x1x1"),  # dsv3-prefill: deep K, 128 rows/expert
+    (16384, 128, 5760, 2880, "sm90_cooperative_128x256x64_1x1x1"),  # gptoss-120b-prefill
+    (4096, 16, 16384, 5120, "sm90_cooperative_128x256x64_1x1x1"),   # seed001-llama4
+    (24576, 8, 1024, 1024, "sm90_cooperative_128x256x64_1x1x1"),    # seed000-g8: 3072 rows/expert
+    (30720, 12, 3072, 1024, "sm90_cooperative_128x256x64_1x1x1"),   # seed004-uniform: 2560 rows/expert
+])
+def test_moe_heuristic_takes_128_row_tiles_with_deep_k_or_thousands_of_rows(t, e, n, k, expect):
+    assert cutlass_moe.select_config(t, e, n, k, backend="moe") == ("moe", expect)
+
+
+def test_moe_backend_config_and_auto_backend_resolve():
+    assert cutlass_moe.select_config(1024, 256, 4096, 7168, device=-1) == ("moe", "sm90_pingpong_64x256x64_1x1x1")
+    for t, e, n, k in [(32768, 256, 4096, 7168), (8192, 8, 28672, 4096), (16384, 128, 5760, 2880),
+                       (4096, 16, 16384, 5120), (24576, 8, 1024, 1024)]:
+        assert cutlass_moe.select_config(t, e, n, k, device=-1)[0] == "moe"
+    for family in ("sm80_moe", "sm80_grouped"):
+        assert cutlass_moe.select_config(1024, 256, 4096, 7168, backend=family) == (family, "sm80_64x128x32_32x64_s4")
+        assert cutlass_moe.select_config(32768, 256, 4096, 7168, backend=family) == (family, "sm80_128x128x32_64x64_s4")
+    with pytest.raises(ValueError, match="backend"):
+        cutlass_moe.select_config(1, 1, 8, 8, backend="fast")
+
+
+_SM90_FAMILIES = {"grouped", "moe"}
+_SM80_FAMILIES = {"sm80_grouped", "sm80_moe"}
+
+
+def _build_archs(info):
+    """(archs, sm80_family_ccs) from build_info()'s fields, or parsed off its summary
+    ("...; archs 90a; sm80 families for sm_90") from a core that does not report them."""
+    archs = info.get("archs")
+    if archs is None:
+        match = re.search(r"archs ([0-9a-z,]+)", info["summary"])
+        assert match, info["summary"]
+        archs = match.group(1).split(",")
+    ccs = info.get("sm80_family_ccs")
+    if ccs is None:
+        match = re.search(r"sm80 families for ((?:sm_[0-9]+,?)*)", info["summary"])
+        assert match, info["summary"]
+        ccs = [int(a[3:]) for a in match.group(1).split(",") if a]
+    return [str(a) for a in archs], [int(c) for c in ccs]
+
+
+def test_compiled_module_reports_its_build():
+    # Whatever the build configuration (CUTLASS_MOE_ARCHS, CUTLASS_MOE_DTYPES,
+    # CUTLASS_MOE_WEIGHT_LAYOUTS, the config lists), what build_info() reports must be consistent:
+    # the archs and the sm80 families' compute capabilities agree, every instance names known
+    # values of its family's arch, sm90 instances exist only in a 90a build, and each family's
+    # instances are the full product of its dtypes, layouts and configs (the build table in
+    # CMakeLists.txt is a product, with one dtype list and one layout list for every family).
+    info = cutlass_moe.build_info()
+    assert "CUTLASS 4." in info["summary"], info["summary"]
+    assert info["version"] == cutlass_moe.__version__
+    archs, ccs = _build_archs(info)
+    assert archs and all(re.fullmatch(r"8[0-9]|90a", a) for a in archs), archs
+    # CMakeLists.txt: 90a builds the sm80 families for sm_90, each 8x arch for sm_8x.
+    assert set(ccs) == {90 if a == "90a" else int(a) for a in archs}, (archs, ccs)
+
+    configs = set(dict(_C.config_names())) - {"auto"}
+    assert _SM90_FAMILIES | _SM80_FAMILIES <= set(dict(_C.backend_names())), _C.backend_names()
+    instances = list(info["instances"])
+    assert instances, "a build without kernels"
+    assert len(set(instances)) == len(instances), instances
+    families = {}
+    wgrad = {}
+    for name in instances:
+        fields = name.split(":")
+        assert len(fields) == 5, name
+        arch, backend, dtype, layout, config = fields
+        if backend.startswith("wgrad_"):  # arch:wgrad_<family>:dtype:out_dtype:config, out_dtype = dtype or fp32
+            family = backend[len("wgrad_"):]
+            assert family in (("moe", "grouped") if arch == "sm90" else ("sm80_grouped",)), name
+            assert arch in ("sm90", "sm80") and (arch == "sm80" or "90a" in archs), name
+            assert dtype in ("bf16", "fp16") and layout in (dtype, "fp32"), name
+            assert config in configs and config.startswith(arch + "_"), name
+            wgrad.setdefault(backend, set()).add((dtype, layout, config))
+            continue
+        assert dtype in ("bf16", "fp16") and layout in ("kn", "nk"), name
+        assert config in configs and config.startswith(arch + "_"), name
+        if arch == "sm90":
+            assert backend in _SM90_FAMILIES and "90a" in archs, name
+        else:
+            assert arch == "sm80" and backend in _SM80_FAMILIES, name
+        families.setdefault((arch, backend), set()).add((dtype, layout, config))
+    dtypes = {d for members in families.values() for d, _, _ in members}
+    layouts = {l for members in families.values() for _, l, _ in members}
+    for (arch, backend), members in families.items():
+        family_configs = {c for _, _, c in members}
+        assert members == set(itertools.product(dtypes, layouts, family_configs)), (
+            f"{arch}:{backend} is not the product of {sorted(dtypes)} x {sorted(layouts)} x {sorted(family_configs)}: "
+            f"{sorted(members)}")
+    # The wgrad families: every dtype of the build, each with its own dtype and fp32 as output.
+    for family, members in wgrad.items():
+        family_configs = {c for _, _, c in members}
+        expected = {(d, o, c) for d in dtypes for o in (d, "fp32") for c in family_configs}
+        assert members == expected, f"{family}: {sorted(members)}, expected {sorted(expected)}"
+
+
+def test_bench_counts_follow_the_public_recipe():
+    from cutlass_moe import bench
+    cases = bench.load_cases()
+    counts = bench.case_counts(cases)
+    for case in cases:
+        c = counts[case["name"]]
+        assert c.shape == (case["E"],) and int(c.sum()) == case["T"] and bool((c >= 0).all())
+    # The published floors were computed from these counts (only experts with tokens count).
+    for case in cases:
+        floor = bench.floor_ms(case, counts[case["name"]], bench.H200_TFLOPS, bench.H200_TBPS)
+        assert floor == pytest.approx(case["floor_ms"], rel=0.02, abs=2e-3), case["name"]
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="checks the no-GPU behaviour")
+def test_bench_without_gpu_says_so(capsys):
+    from cutlass_moe import bench
+    assert bench.main(["--cases", "dsv3-decode"]) == 1
+    out = capsys.readouterr().out
+    assert "no CUDA GPU" in out and "dsv3-decode" in out

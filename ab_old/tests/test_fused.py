@@ -1,0 +1,419 @@
+"""The fused epilogues: moe_gemm's bias, activation and row scale, and the gated projection
+moe_gemm_gated. Against the float32 reference, expert by expert, on the fused sm90 kernel and on
+the composite path (gradients, other families, the CPU); the custom op; the argument errors."""
+import pytest
+import torch
+
+import cutlass_moe
+from cutlass_moe import moe_gemm, moe_gemm_reference
+from cutlass_moe.reference import expert_row_ranges
+
+from conftest import HAS_CUDA, backend_param, random_counts
+
+ACTIVATIONS = [None, "relu", "gelu_tanh", "gelu", "silu"]
+gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+
+
+def make(t, k, n, e, dtype, device, trans_b=False, seed=0, kind="random"):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(t, k, generator=gen).to(device, dtype)
+    shape = (e, n, k) if trans_b else (e, k, n)
+    w = (torch.randn(*shape, generator=gen) * k ** -0.5).to(device, dtype)
+    bias = torch.randn(e, n, generator=gen).to(device, dtype)
+    scale = torch.rand(t, generator=gen).to(device)
+    counts = random_counts(e, t - 5, gen, kind)  # 5 rows that no expert owns
+    return x, w, bias, scale, counts
+
+
+def check(y, ref, counts, num_tokens, rel=1e-2):
+    """Per expert: relative error of the owned rows; rows no expert owns are zeros."""
+    y, ref = y.float().cpu(), ref.float().cpu()
+    ranges = expert_row_ranges(counts, num_tokens)
+    for e, (start, stop) in enumerate(ranges):
+        if stop > start:
+            err = float((y[start:stop] - ref[start:stop]).norm() / ref[start:stop].norm().clamp_min(1e-30))
+            assert err <= rel, f"expert {e}: relative error {err:.2e}"
+    end = max((stop for _, stop in ranges), default=0)
+    assert bool((y[end:] == 0).all()), "rows no expert owns must be zeros"
+
+
+def test_bad_arguments_name_themselves():
+    x, w, bias, scale, counts = make(64, 32, 16, 4, torch.bfloat16, "cpu")
+    with pytest.raises(ValueError, match="^bias: expected shape"):
+        moe_gemm(x, w, counts, bias=bias[:, :8])
+    with pytest.raises(TypeError, match="^bias: dtype"):
+        moe_gemm(x, w, counts, bias=bias.float())
+    with pytest.raises(ValueError, match="^activation: expected"):
+        moe_gemm(x, w, counts, activation="swish")
+    with pytest.raises(ValueError, match="^row_scale: expected 64 entries"):
+        moe_gemm(x, w, counts, row_scale=scale[:10])
+    with pytest.raises(TypeError, match="^row_scale: expected dtype torch.float32"):
+        moe_gemm(x, w, counts, row_scale=scale.double())
+
+
+@pytest.mark.parametrize("counts", [[40, 0, 25], [70, 0, 5], [-4, 30, 2**40], [0, 0, 0], [2**63 - 1, -2**63, 3]])
+def test_composite_epilogue_follows_the_clamp_rule(counts):
+    # The composite path finds each row's expert from device counts on its own: it must follow the
+    # kernels' clamp rule (expert_row_ranges) for any count vector, hostile ones included.
+    from cutlass_moe.fused import FusedArgs, _apply_epilogue
+    t, k, n = 60, 16, 8
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(t, k, generator=gen, dtype=torch.float64)
+    w = torch.randn(3, k, n, generator=gen, dtype=torch.float64)
+    bias = torch.randn(3, n, generator=gen, dtype=torch.float64)
+    scale = torch.rand(t, generator=gen, dtype=torch.float64)
+    c = torch.tensor(counts, dtype=torch.int64)
+    plain = moe_gemm_reference(x, w, c)
+    got = _apply_epilogue(plain, c, FusedArgs(bias, "silu", scale))
+    want = moe_gemm_reference(x, w, c, bias=bias, activation="silu", row_scale=scale)
+    torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+def test_cpu_matches_reference(activation):
+    x, w, bias, scale, counts = make(200, 48, 40, 6, torch.bfloat16, "cpu", kind="random")
+    y = moe_gemm(x, w, counts, bias=bias, activation=activation, row_scale=scale)
+    ref = moe_gemm_reference(x, w, counts, bias=bias, activation=activation, row_scale=scale)
+    check(y, ref, counts, 200)
+
+
+def test_cpu_out_keeps_rows_no_expert_owns():
+    # The composite path with out=: owned rows get the result, the 5 tail rows keep out's values.
+    x, w, bias, scale, counts = make(100, 32, 24, 4, torch.bfloat16, "cpu", kind="random")
+    out = torch.full((100, 24), 7.0, dtype=torch.bfloat16)
+    assert moe_gemm(x, w, counts, bias=bias, activation="relu", row_scale=scale, out=out) is out
+    ref = moe_gemm_reference(x, w, counts, bias=bias, activation="relu", row_scale=scale)
+    check(out[:95], ref[:95], counts, 95)
+    assert bool((out[95:] == 7.0).all())
+
+
+def test_cpu_gradcheck():
+    x, w, bias, scale, counts = make(24, 8, 8, 3, torch.float64, "cpu", kind="random")
+    args = [t.double().requires_grad_() for t in (x, w, bias, scale)]
+    fn = lambda x, w, b, s: moe_gemm(x, w, counts, bias=b, activation="gelu_tanh", row_scale=s)
+    assert torch.autograd.gradcheck(fn, args)
+
+
+@gpu
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+@pytest.mark.parametrize("trans_b", [False, True])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("backend", [backend_param("moe"), backend_param("sm80_moe"), backend_param("grouped")])
+def test_gpu_matches_reference(backend, dtype, trans_b, activation):
+    # moe, sm80_moe: the fused epilogue in the kernel; grouped: the composite path. Zero-token
+    # experts, a tail.
+    t, k, n, e = 1000, 264, 136, 9
+    x, w, bias, scale, counts = make(t, k, n, e, dtype, "cuda", trans_b, seed=3)
+    counts[2] = 0
+    counts[-1] += t - 5 - int(counts.sum())
+    ref = moe_gemm_reference(x, w, counts, trans_b=trans_b, bias=bias, activation=activation, row_scale=scale)
+    for b, s in ((bias, None), (None, scale), (bias, scale)):
+        y = moe_gemm(x, w, counts.cuda(), trans_b=trans_b, backend=backend, bias=b, activation=activation,
+                     row_scale=s)
+        want = moe_gemm_reference(x, w, counts, trans_b=trans_b, bias=b, activation=activation, row_scale=s)
+        check(y, want, counts, t)
+    y = moe_gemm(x, w, counts.cuda(), trans_b=trans_b, backend=backend, bias=bias, activation=activation,
+                 row_scale=scale)
+    check(y, ref, counts, t)
+
+
+@gpu
+@pytest.mark.parametrize("kind", ["hot", "one", "uniform"])
+@pytest.mark.parametrize("backend", [backend_param("moe"), backend_param("sm80_moe")])
+def test_gpu_fused_kernel_splits_and_out(backend, kind):
+    t, k, n, e = 4096, 512, 1024, 16
+    x, w, bias, scale, counts = make(t, k, n, e, torch.bfloat16, "cuda", seed=4, kind=kind)
+    ref = moe_gemm_reference(x, w, counts, bias=bias, activation="silu", row_scale=scale)
+    y = moe_gemm(x, w, counts.cuda(), backend=backend, bias=bias, activation="silu", row_scale=scale)
+    check(y, ref, counts, t)
+    out = torch.full((t, n), 7.0, device="cuda", dtype=torch.bfloat16)
+    moe_gemm(x, w, counts.cuda(), backend=backend, bias=bias, activation="silu", row_scale=scale, out=out)
+    end = sum(stop - start for start, stop in expert_row_ranges(counts, t))
+    check(out[:end], ref[:end], counts, end)
+    assert bool((out[end:] == 7.0).all()), "a given out keeps the rows no expert owns"
+
+
+def check_grads(leaves, ref_leaves, counts, num_tokens, activation):
+    """Gradients against the float32 reference's, per expert: the rows of dx and d row_scale each
+    expert owns, each expert's dW and d bias; rows no expert owns get dx = 0. relu's kink makes
+    half-precision gradients move where rounding puts a pre-activation on its other side: judged
+    at 5e-2. (swiglu_oai's clamps do the same: the tests keep its pre-activations inside the limit
+    here, and test_gpu_gated_activation_kernels_match_torch checks its clamped gradients on the
+    same rounded inputs.)"""
+    rel = 5e-2 if activation == "relu" else 2e-2
+    ranges = expert_row_ranges(counts, num_tokens)
+    for name, got, want in zip(("x", "weights", "bias", "row_scale"), leaves, ref_leaves):
+        if got is None:
+            continue
+        g, r = got.grad.float().cpu(), want.grad
+        per_row = name in ("x", "row_scale")
+        for e, (start, stop) in enumerate(ranges):
+            gp, rp = (g[start:stop], r[start:stop]) if per_row else (g[e], r[e])
+            if stop > start and float(rp.norm()) > 0:
+                err = float((gp - rp).norm() / rp.norm())
+                assert err < rel, f"d{name}, expert {e}: relative error {err:.2e}"
+        if name == "x":
+            end = max((stop for _, stop in ranges), default=0)
+            assert bool((g[end:] == 0).all()), "dx: rows no expert owns must be zeros"
+
+
+@gpu
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+@pytest.mark.parametrize("trans_b", [False, True])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gpu_gradients_through_the_composite_path(dtype, trans_b, activation):
+    t, k, n, e = 300, 64, 48, 5
+    x, w, bias, scale, counts = make(t, k, n, e, dtype, "cuda", trans_b, seed=5)
+    counts[1] = 0
+    counts[-1] += t - 5 - int(counts.sum())
+    leaves = [v.clone().requires_grad_() for v in (x, w, bias, scale)]
+    ref_leaves = [v.detach().float().cpu().requires_grad_() for v in (x, w, bias, scale)]
+    dy = torch.randn(t, n, generator=torch.Generator().manual_seed(17)).to("cuda", dtype)
+    moe_gemm(leaves[0], leaves[1], counts.cuda(), trans_b=trans_b, bias=leaves[2], activation=activation,
+             row_scale=leaves[3]).backward(dy)
+    moe_gemm_reference(ref_leaves[0], ref_leaves[1], counts, trans_b=trans_b, bias=ref_leaves[2],
+                       activation=activation, row_scale=ref_leaves[3]).backward(dy.float().cpu())
+    check_grads(leaves, ref_leaves, counts, t, activation)
+
+
+@gpu
+def test_fused_compiles_fullgraph():
+    t, k, n, e = 256, 64, 64, 4
+    x, w, bias, scale, counts = make(t, k, n, e, torch.bfloat16, "cuda", seed=6)
+    fn = torch.compile(lambda x, w, c, b, s: moe_gemm(x, w, c, bias=b, activation="relu", row_scale=s),
+                       fullgraph=True)
+    y = fn(x, w, counts.cuda(), bias, scale)
+    check(y, moe_gemm_reference(x, w, counts, bias=bias, activation="relu", row_scale=scale), counts, t)
+
+
+# ---- the gated projection ------------------------------------------------------------------------
+
+GATED = [None, "relu", "gelu_tanh", "gelu", "silu", "swiglu_oai"]
+MOE_CONFIGS = ["sm90_pingpong_64x256x64_1x1x1", "sm90_cooperative_128x256x64_1x1x1"]
+
+
+def make_gated(t, k, inter, e, dtype, device, trans_b=False, seed=0, kind="random"):
+    """x, separate gate and up weights and biases (E, K, I) / (E, I) (or (E, I, K)), row scales, counts."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(t, k, generator=gen).to(device, dtype)
+    shape = (e, inter, k) if trans_b else (e, k, inter)
+    gate, up = ((torch.randn(*shape, generator=gen) * 2 * k ** -0.5).to(device, dtype) for _ in range(2))
+    bg, bu = (torch.randn(e, inter, generator=gen).to(device, dtype) for _ in range(2))
+    scale = torch.rand(t, generator=gen).to(device)
+    counts = random_counts(e, t - 5, gen, kind)  # 5 rows that no expert owns
+    return x, gate, up, bg, bu, scale, counts
+
+
+def separate_reference(x, gate, up, bg, bu, scale, counts, activation, trans_b=False, alpha=1.702, limit=7.0):
+    """The gated projection from two plain reference GEMMs (independent of the interleaved layout)."""
+    from cutlass_moe.reference import gated_activation
+    g = moe_gemm_reference(x, gate, counts, trans_b=trans_b, bias=bg)
+    u = moe_gemm_reference(x, up, counts, trans_b=trans_b, bias=bu)
+    h = gated_activation(g, u, activation, alpha, limit)
+    return h if scale is None else h * scale[:, None].float()
+
+
+def test_interleave_gate_up_layouts():
+    gate, up = torch.randn(2, 3, 16, 8).unbind(0)
+    w = cutlass_moe.interleave_gate_up(gate, up)
+    assert w.shape == (3, 16, 16) and w.is_contiguous()
+    assert torch.equal(w[..., 0::2], gate) and torch.equal(w[..., 1::2], up)
+    assert torch.equal(cutlass_moe.interleave_gate_up(torch.cat([gate, up], -1)), w)
+    wt = cutlass_moe.interleave_gate_up(gate.transpose(1, 2), up.transpose(1, 2), dim=1)  # (E, I, K)
+    assert torch.equal(wt, w.transpose(1, 2))
+    with pytest.raises(ValueError, match="^up: expected gate's shape"):
+        cutlass_moe.interleave_gate_up(gate, up[:, :, :4])
+    with pytest.raises(ValueError, match="^gate: a concatenated"):
+        cutlass_moe.interleave_gate_up(torch.randn(3, 16, 7))
+
+
+def test_gated_bad_arguments_name_themselves():
+    x, gate, up, bg, bu, scale, counts = make_gated(64, 32, 16, 4, torch.bfloat16, "cpu")
+    w = cutlass_moe.interleave_gate_up(gate, up)
+    with pytest.raises(TypeError, match="^weights: expected one tensor with gate and up interleaved"):
+        cutlass_moe.moe_gemm_gated(x, (gate, up), counts)
+    with pytest.raises(ValueError, match="^weights: N = 15 must be even"):
+        cutlass_moe.moe_gemm_gated(x, w[..., :15], counts)
+    with pytest.raises(ValueError, match="^activation: expected"):
+        cutlass_moe.moe_gemm_gated(x, w, counts, activation="swish")
+    with pytest.raises(ValueError, match="^activation: .*'swiglu_oai' is gated"):
+        moe_gemm(x, w, counts, activation="swiglu_oai")
+    with pytest.raises(ValueError, match=r"^bias: expected shape \(4, 32\)"):
+        cutlass_moe.moe_gemm_gated(x, w, counts, bias=bg)  # not interleaved: (E, I)
+    with pytest.raises(ValueError, match="^row_scale: expected 64 entries"):
+        cutlass_moe.moe_gemm_gated(x, w, counts, row_scale=scale[:3])
+    with pytest.raises(ValueError, match=r"^out: expected shape \(64, 16\)"):
+        cutlass_moe.moe_gemm_gated(x, w, counts, out=torch.empty(64, 32, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="^limit: expected a positive"):
+        cutlass_moe.moe_gemm_gated(x, w, counts, activation="swiglu_oai", limit=0.0)
+
+
+@pytest.mark.parametrize("activation", GATED)
+@pytest.mark.parametrize("trans_b", [False, True])
+def test_gated_cpu_matches_separate_gemms(activation, trans_b):
+    x, gate, up, bg, bu, scale, counts = make_gated(200, 48, 24, 6, torch.bfloat16, "cpu", trans_b)
+    w = cutlass_moe.interleave_gate_up(gate, up, dim=1 if trans_b else -1)
+    b = cutlass_moe.interleave_gate_up(bg, bu)
+    y = cutlass_moe.moe_gemm_gated(x, w, counts, activation=activation, trans_b=trans_b, bias=b, row_scale=scale)
+    assert y.shape == (200, 24) and y.dtype == torch.bfloat16
+    check(y, separate_reference(x, gate, up, bg, bu, scale, counts, activation, trans_b), counts, 200)
+
+
+@pytest.mark.parametrize("activation", ["silu", "swiglu_oai"])
+def test_gated_cpu_gradcheck(activation):
+    x, gate, up, bg, bu, scale, counts = make_gated(24, 8, 8, 3, torch.float64, "cpu")
+    w = cutlass_moe.interleave_gate_up(gate, up)
+    b = cutlass_moe.interleave_gate_up(bg, bu)
+    args = [t.double().requires_grad_() for t in (x, w, b, scale)]
+    fn = lambda x, w, b, s: cutlass_moe.moe_gemm_gated(x, w, counts, activation=activation, bias=b, row_scale=s,
+                                                       limit=1.5)  # a limit the values cross
+    assert torch.autograd.gradcheck(fn, args)
+
+
+def test_fused_docstring_examples_run():
+    import doctest
+    import cutlass_moe.fused as fused
+    result = doctest.testmod(fused, raise_on_error=True)
+    assert result.attempted > 0
+
+
+def test_fused_op_opcheck_cpu():
+    x, gate, up, bg, bu, scale, counts = make_gated(64, 16, 8, 3, torch.float32, "cpu")
+    w, b = cutlass_moe.interleave_gate_up(gate, up), cutlass_moe.interleave_gate_up(bg, bu)
+    torch.library.opcheck(torch.ops.cutlass_moe.moe_gemm_fused.default,
+                          (x, w, counts, False, b, "swiglu_oai", scale, True, 1.702, 7.0, "auto", "auto"))
+    torch.library.opcheck(torch.ops.cutlass_moe.moe_gemm_fused.default,
+                          (x, w, counts, False, None, "relu", scale, False, 1.702, 7.0, "auto", "auto"))
+
+
+@gpu
+@pytest.mark.parametrize("activation", GATED)
+@pytest.mark.parametrize("trans_b", [False, True])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("config", MOE_CONFIGS + ["sm80_moe", "grouped"])
+def test_gpu_gated_matches_separate_gemms(config, dtype, trans_b, activation):
+    # The fused kernels (sm90: both epilogues, pingpong staging and cooperative TMA stores; sm80: its
+    # own gated store) or, for "grouped", the composite path. I = 136: the last N tile is partial;
+    # zero-token experts; a tail.
+    from conftest import runs_here
+    backend = config if config in ("grouped", "sm80_moe") else "moe"
+    if not runs_here(backend):
+        pytest.skip(f"no {backend} kernels for this GPU in this build")
+    if backend == "moe" and f"sm90:moe:{'bf16' if dtype == torch.bfloat16 else 'fp16'}:{'nk' if trans_b else 'kn'}:" \
+            f"{config}" not in cutlass_moe.built_configs():
+        pytest.skip(f"{config} is not built for this dtype and layout")
+    t, k, inter, e = 1000, 264, 136, 9
+    x, gate, up, bg, bu, scale, counts = make_gated(t, k, inter, e, dtype, "cuda", trans_b, seed=8)
+    counts[2] = 0
+    w = cutlass_moe.interleave_gate_up(gate, up, dim=1 if trans_b else -1)
+    b = cutlass_moe.interleave_gate_up(bg, bu)
+    kw = dict(activation=activation, trans_b=trans_b, backend=backend,
+              config=config if backend == "moe" else "auto")
+    for bias, s in ((None, None), (b, None), (b, scale)):
+        y = cutlass_moe.moe_gemm_gated(x, w, counts.cuda(), bias=bias, row_scale=s, **kw)
+        assert y.shape == (t, inter)
+        want = separate_reference(x, gate, up, bg if bias is not None else None, bu if bias is not None else None,
+                                  s, counts, activation, trans_b)
+        check(y, want, counts, t)
+
+
+@gpu
+@pytest.mark.parametrize("kind", ["hot", "one", "uniform"])
+@pytest.mark.parametrize("backend", [backend_param("moe"), backend_param("sm80_moe")])
+def test_gpu_gated_splits_and_out(backend, kind):
+    t, k, inter, e = 4096, 512, 768, 16
+    x, gate, up, bg, bu, scale, counts = make_gated(t, k, inter, e, torch.bfloat16, "cuda", seed=9, kind=kind)
+    w, b = cutlass_moe.interleave_gate_up(gate, up), cutlass_moe.interleave_gate_up(bg, bu)
+    want = separate_reference(x, gate, up, bg, bu, None, counts, "swiglu_oai")
+    y = cutlass_moe.moe_gemm_gated(x, w, counts.cuda(), activation="swiglu_oai", bias=b, backend=backend)
+    check(y, want, counts, t)
+    out = torch.full((t, inter), 7.0, device="cuda", dtype=torch.bfloat16)
+    cutlass_moe.moe_gemm_gated(x, w, counts.cuda(), activation="swiglu_oai", bias=b, backend=backend, out=out)
+    end = sum(stop - start for start, stop in expert_row_ranges(counts, t))
+    check(out[:end], want[:end], counts, end)
+    assert bool((out[end:] == 7.0).all()), "a given out keeps the rows no expert owns"
+
+
+@gpu
+def test_gpu_gated_n_not_a_multiple_of_16_runs_the_composite():
+    t, k, inter, e = 300, 64, 12, 3  # N = 24
+    x, gate, up, bg, bu, scale, counts = make_gated(t, k, inter, e, torch.bfloat16, "cuda", seed=10)
+    w = cutlass_moe.interleave_gate_up(gate, up)
+    y = cutlass_moe.moe_gemm_gated(x, w, counts.cuda())
+    check(y, separate_reference(x, gate, up, None, None, None, counts, "silu"), counts, t)
+
+
+@gpu
+@pytest.mark.parametrize("with_bias", [True, False], ids=["bias_scale", "plain"])
+@pytest.mark.parametrize("activation", GATED)
+@pytest.mark.parametrize("trans_b", [False, True])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gpu_gated_gradients(dtype, trans_b, activation, with_bias):
+    # With bias and row scale: the torch form after the GEMM; without: the gated_activation kernels.
+    t, k, inter, e = 300, 64, 24, 5
+    x, gate, up, bg, bu, scale, counts = make_gated(t, k, inter, e, dtype, "cuda", trans_b, seed=11)
+    counts[1] = 0
+    w = cutlass_moe.interleave_gate_up(gate, up, dim=1 if trans_b else -1)
+    b = cutlass_moe.interleave_gate_up(bg, bu)
+    tensors = (x, w, b, scale) if with_bias else (x, w, None, None)
+    leaves = [v.clone().requires_grad_() if v is not None else None for v in tensors]
+    ref_leaves = [v.detach().float().cpu().requires_grad_() if v is not None else None for v in tensors]
+    dy = torch.randn(t, inter, generator=torch.Generator().manual_seed(16)).to("cuda", dtype)
+    cutlass_moe.moe_gemm_gated(leaves[0], leaves[1], counts.cuda(), activation=activation, trans_b=trans_b,
+                               bias=leaves[2], row_scale=leaves[3], limit=7.0).backward(dy)
+    moe_gemm_reference(ref_leaves[0], ref_leaves[1], counts, trans_b=trans_b, bias=ref_leaves[2],
+                       activation=activation, row_scale=ref_leaves[3], gated=True, limit=7.0).backward(dy.float().cpu())
+    check_grads(leaves, ref_leaves, counts, t, activation)
+
+
+@gpu
+def test_gpu_bias_gradient_is_deterministic():
+    t, k, n, e = 4096, 64, 256, 8
+    x, w, bias, scale, counts = make(t, k, n, e, torch.bfloat16, "cuda", seed=12, kind="hot")
+    dy = torch.randn(t, n, device="cuda", dtype=torch.bfloat16)
+    grads = []
+    for _ in range(3):
+        b = bias.clone().requires_grad_()
+        moe_gemm(x, w, counts.cuda(), bias=b, activation="silu").backward(dy)
+        grads.append(b.grad)
+    assert all(torch.equal(grads[0], g) for g in grads[1:])
+
+
+@gpu
+def test_gpu_fused_op_opcheck_and_compile():
+    t, k, inter, e = 256, 64, 64, 4
+    x, gate, up, bg, bu, scale, counts = make_gated(t, k, inter, e, torch.bfloat16, "cuda", seed=13)
+    w, b = cutlass_moe.interleave_gate_up(gate, up), cutlass_moe.interleave_gate_up(bg, bu)
+    c = counts.cuda()
+    torch.library.opcheck(torch.ops.cutlass_moe.moe_gemm_fused.default,
+                          (x, w, c, False, b, "silu", scale, True, 1.702, 7.0, "auto", "auto"))
+    fn = torch.compile(lambda x, w, c, b, s: cutlass_moe.moe_gemm_gated(x, w, c, bias=b, row_scale=s),
+                       fullgraph=True)
+    with torch.no_grad():
+        y = fn(x, w, c, b, scale)
+    check(y, separate_reference(x, gate, up, bg, bu, scale, counts, "silu"), counts, t)
+
+
+@gpu
+@pytest.mark.parametrize("activation", GATED)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gpu_gated_activation_kernels_match_torch(dtype, activation):
+    # The composite path's kernels (one pass each way) against the torch form of the same math, on a
+    # strided y (row stride past its width) and odd rows; values past the clamp limit included.
+    from cutlass_moe.fused import _GatedActivation, _gated_kernel_applies
+    from cutlass_moe.reference import gated_activation
+    gen = torch.Generator(device="cuda").manual_seed(15)
+    base = (torch.randn(333, 2 * 136 + 16, device="cuda", generator=gen) * 4).to(dtype)
+    y = base[:, : 2 * 136]
+    assert _gated_kernel_applies(y)
+    grad = torch.randn(333, 136, device="cuda", generator=gen).to(dtype)
+    yk, yt = y.detach().clone().requires_grad_(), y.detach().float().requires_grad_()
+    got = _GatedActivation.apply(y.requires_grad_(), activation or "none", 1.702, 3.0)
+    want = gated_activation(yt[:, 0::2], yt[:, 1::2], activation, 1.702, 3.0)
+    rel = lambda a, b: float((a.float() - b).norm() / b.norm().clamp_min(1e-30))
+    assert rel(got, want) < 1e-2
+    got.backward(grad)
+    want.backward(grad.float())
+    assert y.grad.shape == y.shape and y.grad.dtype == dtype
+    assert rel(y.grad, yt.grad) < 2e-2, f"backward: relative error {rel(y.grad, yt.grad):.2e}"
+    del yk

@@ -1,0 +1,501 @@
+"""grouped_linear, GroupedLinear and GroupedMLP (issue 11's grouped-linear forms): against a plain
+float32 loop over groups, judged group by group (the worst group's relative error, and every
+element within a bound); forward and backward (x, weights, biases); the (B, G, K) and (B * G, K)
+forms; no copies in or out; torch.compile without graph breaks; the argument errors. The CPU tests
+run everywhere; the CUDA tests need a GPU (conftest)."""
+import pytest
+import torch
+
+from cutlass_moe.fused import interleave_gate_up
+from cutlass_moe.grouped_linear import (GATED_MLP_ACTIVATIONS, GroupedLinear, GroupedMLP, _grouped_linear_op,
+                                        gated_activation, grouped_linear, grouped_mlp)
+from cutlass_moe.reference import ACTIVATIONS
+
+from conftest import requires_cuda
+
+BF16, FP16, FP32, FP64 = torch.bfloat16, torch.float16, torch.float32, torch.float64
+# Per group: ||got - ref|| / ||ref|| (a product of bf16/fp16 inputs differs from the float32
+# reference by the output's rounding, ~2e-3 for bf16), and per element |got - ref| <= TOL * (|ref| +
+# rms(ref_g)) (tests/test_autograd.py's bound).
+REL = {FP64: 1e-10, FP32: 1e-5, BF16: 1e-2, FP16: 5e-3}
+TOL = {FP64: 1e-9, FP32: 1e-4, BF16: 2e-2, FP16: 1e-2}
+
+
+def compute_dtype(dtype):
+    return FP64 if dtype == FP64 else FP32
+
+
+def make(b, g, k, n, dtype, device="cpu", bias=True, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(b, g, k, generator=gen).to(device, dtype)
+    w = (torch.randn(g, k, n, generator=gen) * k ** -0.5).to(device, dtype)
+    bb = torch.randn(g, n, generator=gen).to(device, dtype) if bias else None
+    return x, w, bb
+
+
+def loop_linear(x, w, b=None):
+    """The baseline every test judges by: a float32 (float64) matmul per group, stacked."""
+    acc = compute_dtype(x.dtype)
+    return torch.stack([x[:, g].to(acc) @ w[g].to(acc) + (b[g].to(acc) if b is not None else 0)
+                        for g in range(w.shape[0])], dim=1)
+
+
+def loop_mlp(x, gate, up, down, gate_bias=None, up_bias=None, down_bias=None, activation="silu", rounding=None):
+    """down(act(x @ gate + gate_bias) * (x @ up + up_bias)) + down_bias per group, in float32.
+
+    rounding: the module's dtype, where it is bf16/fp16: gate, up and the activation's output are
+    rounded to it where the module stores them, and (through the casts' backward) so are their
+    gradients. Without it, a bf16 gradient summed over a few rows can miss the per-element bound
+    by the module's own, legitimate, intermediate roundings."""
+    act = ACTIVATIONS[activation]
+    rnd = (lambda t: t.to(rounding).to(t.dtype)) if rounding in (BF16, FP16) else (lambda t: t)
+    h = rnd(act(rnd(loop_linear(x, gate, gate_bias))) * rnd(loop_linear(x, up, up_bias)))
+    return loop_linear(h, down, down_bias)
+
+
+def check(got, ref, dtype, group_dim, what, elementwise=True, rel=None):
+    """Group by group along group_dim: the relative error of the group (at most rel, default
+    REL[dtype]), and (elementwise) each element within TOL * (|ref| + rms of the group's reference)."""
+    rel = REL[dtype] if rel is None else rel
+    assert got.shape == ref.shape, f"{what}: shape {tuple(got.shape)}, expected {tuple(ref.shape)}"
+    got, ref = got.detach().to(ref.dtype), ref.detach()
+    assert bool(torch.isfinite(got).all()), f"{what}: non-finite values"
+    for g in range(ref.shape[group_dim]):
+        o, r = got.select(group_dim, g), ref.select(group_dim, g)
+        err = float((o - r).norm() / r.norm().clamp_min(1e-30))
+        assert err <= rel, f"{what}, group {g}: relative error {err:.3e} > {rel:g}"
+        if not elementwise:
+            continue
+        bound = TOL[dtype] * (r.abs() + r.pow(2).mean().sqrt())
+        worst = float(((o - r).abs() / bound.clamp_min(1e-30)).max()) if r.numel() else 0.0
+        assert worst <= 1, f"{what}, group {g}: an element is {worst:.2f}x outside {TOL[dtype]:g} * (|ref| + rms)"
+
+
+def leaves(*tensors):
+    return [t.detach().clone().requires_grad_() if t is not None else None for t in tensors]
+
+
+def reference_grads(fn, inputs, dy):
+    """The float32 (float64) reference's gradients, by autograd through the loop."""
+    ref_inputs = [t.detach().to(compute_dtype(t.dtype)).requires_grad_() if t is not None else None
+                  for t in inputs]
+    y = fn(*ref_inputs)
+    y.backward(dy.to(y.dtype))
+    return y, [t.grad if t is not None else None for t in ref_inputs]
+
+
+def run_grouped_linear_case(b, g, k, n, dtype, device, form, bias):
+    x, w, bb = make(b, g, k, n, dtype, device, bias)
+    xl, wl, bl = leaves(x, w, bb)
+    y = grouped_linear(xl.reshape(b * g, k) if form == "2d" else xl, wl, bl)
+    assert y.shape == (b, g, n) and y.dtype == dtype and y.is_contiguous()
+    dy = torch.randn(b, g, n, generator=torch.Generator().manual_seed(1)).to(device, dtype)
+    y.backward(dy)
+    ref, (dx, dw, db) = reference_grads(loop_linear, (x, w, bb), dy)
+    check(y, ref, dtype, 1, "y")
+    check(xl.grad, dx, dtype, 1, "dx")
+    check(wl.grad, dw, dtype, 0, "dW")
+    if bias:
+        check(bl.grad, db, dtype, 0, "dbias")
+
+
+# ---- grouped_linear on the CPU ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("shape", [(1, 3, 8, 16), (7, 5, 13, 11)], ids=["B1", "odd"])
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
+@pytest.mark.parametrize("form", ["3d", "2d"])
+@pytest.mark.parametrize("dtype", [FP32, BF16, FP64], ids=str)
+def test_grouped_linear_cpu(dtype, form, bias, shape):
+    run_grouped_linear_case(*shape, dtype, "cpu", form, bias)
+
+
+def test_two_forms_agree_and_empty_sizes():
+    x, w, bb = make(6, 4, 8, 5, FP32)
+    assert torch.equal(grouped_linear(x, w, bb), grouped_linear(x.reshape(24, 8), w, bb))
+    y = grouped_linear(x[:0], w, bb)
+    assert y.shape == (0, 4, 5)
+    assert grouped_linear(x[:0].reshape(0, 8), w).shape == (0, 4, 5)
+    # K = 0: the empty sum, plus the bias.
+    assert torch.equal(grouped_linear(x[..., :0], w[:, :0], bb), bb.expand(6, 4, 5))
+    assert torch.equal(grouped_linear(x[..., :0], w[:, :0]), torch.zeros(6, 4, 5))
+
+
+def test_strided_operands():
+    # x a (B, G, K) view of a (G, B, K) tensor, the weight nn.Linear's (G, N, K) layout seen as
+    # (G, K, N): used as they are, and the weight's gradient comes back in its own layout.
+    b, g, k, n = 9, 3, 16, 12
+    gen = torch.Generator().manual_seed(3)
+    x_gbk = torch.randn(g, b, k, generator=gen, requires_grad=True)
+    w_nk = torch.randn(g, n, k, generator=gen, requires_grad=True)
+    x, w = x_gbk.transpose(0, 1), w_nk.transpose(1, 2)
+    y = grouped_linear(x, w)
+    dy = torch.randn(b, g, n, generator=gen)
+    y.backward(dy)
+    ref, (dx, dw) = reference_grads(loop_linear, (x, w), dy)
+    check(y, ref, FP32, 1, "y")
+    check(x_gbk.grad.transpose(0, 1), dx, FP32, 1, "dx")
+    check(w_nk.grad.transpose(1, 2), dw, FP32, 0, "dW")
+    assert w_nk.grad.is_contiguous(), "dW is computed in the weight's (G, N, K) layout"
+
+
+def test_output_is_new_and_out_writes_in_place():
+    x, w, bb = make(5, 3, 8, 6, FP32)
+    y = grouped_linear(x, w, bb)
+    assert y.shape == (5, 3, 6) and y.is_contiguous()
+    assert y.data_ptr() not in (x.data_ptr(), w.data_ptr(), bb.data_ptr())
+    out = torch.full((5, 3, 6), float("nan"))
+    ptr = out.data_ptr()
+    result = grouped_linear(x.reshape(15, 8), w, bb, out=out)
+    assert result is out and out.data_ptr() == ptr, "out= must be written in place"
+    assert torch.equal(out, y)
+    # A strided out: the (G, B, N) storage seen as (B, G, N).
+    out_gbn = torch.full((3, 5, 6), float("nan"))
+    grouped_linear(x, w, bb, out=out_gbn.transpose(0, 1))
+    assert torch.equal(out_gbn.transpose(0, 1), y)
+    with pytest.raises(RuntimeError, match="^out: a call with out= is not differentiable"):
+        grouped_linear(x, w.requires_grad_(), out=out)
+
+
+def _aten_ops(fn):
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        fn()
+    return [(e.name, e.input_shapes) for e in prof.events() if e.name.startswith("aten::")]
+
+
+COPIES = ("aten::copy_", "aten::clone", "aten::contiguous", "aten::_to_copy")
+
+
+def assert_only_bias_fill(ops, shape, bias):
+    """No copy among the profiled aten ops but, with a bias, baddbmm's fill of the (G, B, N) output
+    view with the broadcast bias (where the profiler records it)."""
+    b, g, n = shape
+    copies = [op for op in ops if op[0] in COPIES]
+    allowed = [("aten::copy_", [[g, b, n], [g, b, n], []])] if bias else []
+    assert copies in (allowed, []), copies
+
+
+def check_no_copies(shape, dtype, device, bias):
+    """grouped_linear forward (no copy but the bias fill) and backward (no copy) on (B, G, K, N);
+    returns the backward's aten ops."""
+    b, g, k, n = shape
+    x, w, bb = make(b, g, k, n, dtype, device, bias)
+    assert_only_bias_fill(_aten_ops(lambda: grouped_linear(x, w, bb)), (b, g, n), bias)
+    xl, wl, bl = leaves(x, w, bb)
+    y = grouped_linear(xl, wl, bl)
+    dy = torch.randn_like(y)
+    backward = _aten_ops(lambda: y.backward(dy))
+    assert [op for op in backward if op[0] in COPIES] == [], backward
+    return backward
+
+
+@pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
+def test_no_copies_cpu(bias):
+    # float32 on the CPU runs bmm on the strided views without any copy (bfloat16's CPU kernel
+    # copies a strided input itself, torch.bmm alone too; the CUDA test below checks bf16/fp16).
+    # The one copy allowed: baddbmm writing the broadcast bias into the output.
+    backward = check_no_copies((6, 3, 8, 5), FP32, "cpu", bias)
+    assert sum(op[0] == "aten::bmm" for op in backward) == 2  # dgrad and wgrad
+
+
+def test_gradcheck_and_gradgradcheck():
+    x, w, bb = make(3, 2, 4, 3, FP64, seed=5)
+    inputs = [t.requires_grad_() for t in (x.reshape(6, 4), w, bb)]
+    assert torch.autograd.gradcheck(grouped_linear, inputs)
+    assert torch.autograd.gradgradcheck(grouped_linear, inputs)
+
+
+def test_opcheck():
+    x, w, bb = make(4, 3, 8, 5, FP32)
+    for args in ((x, w, bb), (x, w, None)):
+        torch.library.opcheck(_grouped_linear_op, [t.requires_grad_() if t is not None else None for t in args])
+
+
+def test_bad_arguments_name_themselves():
+    x, w, bb = make(4, 3, 8, 5, FP32)
+    cases = [
+        ((x.numpy(), w), TypeError, "^x: expected a torch.Tensor"),
+        ((x[0, 0], w), ValueError, r"^x: expected \(B, G, K\) or \(B \* G, K\)"),
+        ((x.int(), w.int()), TypeError, "^x: expected dtype"),
+        ((x, w[0]), ValueError, "^weight: expected 3 dimensions"),
+        ((x, w.double()), TypeError, "^weight: dtype torch.float64 does not match"),
+        ((x, w.to("meta")), ValueError, "^weight: on meta, expected x's device"),
+        ((x, w[:2]), ValueError, "^weight: expected shape .* with G = 3 groups"),
+        ((x, w[:, :7]), ValueError, "^weight: expected shape .* with K = 8"),
+        ((x.reshape(12, 8)[:11], w), ValueError, "^x: a 2-D x is .* expected a multiple of G = 3 rows"),
+        ((x, w, bb[:, :4]), ValueError, r"^bias: expected shape \(3, 5\)"),
+        ((x, w, bb[0]), ValueError, "^bias: expected 2 dimensions"),
+        ((x, w, bb.double()), TypeError, "^bias: dtype"),
+        ((x, w, bb.to("meta")), ValueError, "^bias: on meta"),
+    ]
+    for args, error, message in cases:
+        with pytest.raises(error, match=message):
+            grouped_linear(*args)
+    with pytest.raises(ValueError, match=r"^out: expected shape \(4, 3, 5\)"):
+        grouped_linear(x, w, out=torch.empty(4, 3, 6))
+    with pytest.raises(TypeError, match="^out: dtype"):
+        grouped_linear(x, w, out=torch.empty(4, 3, 5, dtype=FP64))
+
+
+# ---- the gated activation and the modules on the CPU ------------------------------------------------
+
+@pytest.mark.parametrize("activation", GATED_MLP_ACTIVATIONS)
+def test_gated_activation_gradcheck(activation):
+    h = torch.randn(3, 2, 8, dtype=FP64, generator=torch.Generator().manual_seed(2))
+    h[..., 0::2] += 0.05 * torch.sign(h[..., 0::2])  # keep relu's kink away from the finite differences
+    assert torch.autograd.gradcheck(lambda t: gated_activation(t, activation), (h.requires_grad_(),))
+
+
+def test_gated_activation_rounds_once():
+    # Computed in float32 and rounded once: the bf16 result is the float32 one rounded.
+    h = torch.randn(4, 3, 32, generator=torch.Generator().manual_seed(4)).to(BF16)
+    want = (torch.nn.functional.silu(h[..., 0::2].float()) * h[..., 1::2].float()).to(BF16)
+    assert torch.equal(gated_activation(h, "silu"), want)
+
+
+def test_gated_activation_bad_arguments():
+    h = torch.randn(2, 6)
+    with pytest.raises(ValueError, match="^activation: expected one of"):
+        gated_activation(h, "swish")
+    with pytest.raises(ValueError, match=r"^h: expected \(..., 2H\)"):
+        gated_activation(torch.randn(2, 5))
+
+
+@pytest.mark.parametrize("dtype", [FP32, BF16], ids=str)
+def test_grouped_linear_module(dtype):
+    b, g, k, n = 5, 4, 24, 7
+    torch.manual_seed(13)
+    layer = GroupedLinear(g, k, n, dtype=dtype)
+    assert layer.weight.shape == (g, k, n) and layer.bias.shape == (g, n) and layer.weight.dtype == dtype
+    bound = k ** -0.5  # nn.Linear's: kaiming_uniform_(a=sqrt(5)) over fan_in = K, and the bias's
+    for p in (layer.weight, layer.bias):
+        largest = float(p.detach().abs().max())
+        assert 0.5 * bound < largest <= bound * 1.01
+    assert repr(layer) == f"GroupedLinear(num_groups={g}, in_features={k}, out_features={n}, bias=True)"
+    assert GroupedLinear(g, k, n, bias=False).bias is None
+    x = torch.randn(b, g, k, generator=torch.Generator().manual_seed(6)).to(dtype)
+    xl = x.clone().requires_grad_()
+    y = layer(xl.reshape(b * g, k))
+    dy = torch.randn(b, g, n, generator=torch.Generator().manual_seed(7)).to(dtype)
+    y.backward(dy)
+    ref, (dx, dw, db) = reference_grads(loop_linear, (x, layer.weight, layer.bias), dy)
+    check(y, ref, dtype, 1, "y")
+    check(xl.grad, dx, dtype, 1, "dx")
+    check(layer.weight.grad, dw, dtype, 0, "dW")
+    check(layer.bias.grad, db, dtype, 0, "dbias")
+
+
+def run_mlp_case(b, g, k, hidden, n, dtype, device, activation, bias, form="3d", fused=True):
+    torch.manual_seed(12)  # the parameters' init
+    mlp = GroupedMLP(g, k, hidden, n, bias=bias, activation=activation, device=device, dtype=dtype)
+    mlp.fused = fused
+    # On the GPU the half-precision intermediates round at the kernels' points (a bias added in fp32
+    # after the GEMM's rounding; relu's kink): judged by each group's relative error alone there.
+    elementwise = device == "cpu" or dtype not in (BF16, FP16)
+    # relu's kink: a pre-activation near 0 whose sign the rounding flips moves its whole gradient.
+    rel = 5e-2 if not elementwise and activation == "relu" else None
+    x = torch.randn(b, g, k, generator=torch.Generator().manual_seed(8)).to(device, dtype)
+    xl = x.clone().requires_grad_()
+    y = mlp(xl.reshape(b * g, k) if form == "2d" else xl)
+    assert y.shape == (b, g, n) and y.dtype == dtype and y.is_contiguous()
+    dy = torch.randn(b, g, n, generator=torch.Generator().manual_seed(9)).to(device, dtype)
+    y.backward(dy)
+    w = mlp.gate_up_weight
+    bias_of = mlp.gate_up_bias
+    inputs = (x, w[..., 0::2], w[..., 1::2], mlp.down_weight,
+              bias_of[..., 0::2] if bias else None, bias_of[..., 1::2] if bias else None, mlp.down_bias)
+    ref, grads = reference_grads(lambda *t: loop_mlp(*t, activation=activation, rounding=dtype), inputs, dy)
+    check(y, ref, dtype, 1, "y", elementwise)
+    plain = loop_mlp(*[t.detach() if t is not None else None for t in inputs], activation=activation)
+    for i in range(g):  # against the float32 loop without the intermediate roundings: the norm only
+        err = float((y[:, i].detach().float() - plain[:, i]).norm() / plain[:, i].norm())
+        assert err <= REL[dtype], f"y, group {i}: relative error {err:.3e} against the unrounded reference"
+    check(xl.grad, grads[0], dtype, 1, "dx", elementwise, rel)
+    check(w.grad[..., 0::2], grads[1], dtype, 0, "d gate weight", elementwise, rel)
+    check(w.grad[..., 1::2], grads[2], dtype, 0, "d up weight", elementwise, rel)
+    check(mlp.down_weight.grad, grads[3], dtype, 0, "d down weight", elementwise, rel)
+    if bias:
+        check(mlp.gate_up_bias.grad[..., 0::2], grads[4], dtype, 0, "d gate bias", elementwise, rel)
+        check(mlp.gate_up_bias.grad[..., 1::2], grads[5], dtype, 0, "d up bias", elementwise, rel)
+        check(mlp.down_bias.grad, grads[6], dtype, 0, "d down bias", elementwise, rel)
+
+
+@pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
+@pytest.mark.parametrize("dtype", [FP32, BF16], ids=str)
+@pytest.mark.parametrize("activation", GATED_MLP_ACTIVATIONS)
+def test_grouped_mlp_cpu(activation, dtype, bias):
+    run_mlp_case(7, 3, 16, 24, 9, dtype, "cpu", activation, bias)
+
+
+def test_grouped_mlp_b1_and_flat_input():
+    run_mlp_case(1, 2, 8, 12, 5, FP32, "cpu", "silu", True, form="2d")
+
+
+def test_grouped_mlp_module_basics():
+    mlp = GroupedMLP(3, 16, 24, 8, bias=True, activation="gelu")
+    assert mlp.gate_up_weight.shape == (3, 16, 48) and mlp.down_weight.shape == (3, 24, 8)
+    assert mlp.gate_up_bias.shape == (3, 48) and mlp.down_bias.shape == (3, 8)
+    assert float(mlp.gate_up_weight.detach().abs().max()) <= 16 ** -0.5
+    assert float(mlp.down_weight.detach().abs().max()) <= 24 ** -0.5
+    assert repr(mlp) == ("GroupedMLP(num_groups=3, in_features=16, hidden_features=24, out_features=8, bias=True, "
+                         "activation='gelu')")
+    plain = GroupedMLP(3, 16, 24, 8)
+    assert plain.gate_up_bias is None and plain.down_bias is None
+    with pytest.raises(ValueError, match="^activation: expected one of"):
+        GroupedMLP(3, 16, 24, 8, activation="tanh")
+
+
+@pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
+def test_from_gate_up(bias):
+    g, k, hidden, n = 3, 8, 10, 6
+    gen = torch.Generator().manual_seed(10)
+    gate, up = torch.randn(g, k, hidden, generator=gen), torch.randn(g, k, hidden, generator=gen)
+    down = torch.randn(g, hidden, n, generator=gen)
+    biases = [torch.randn(g, hidden, generator=gen), torch.randn(g, hidden, generator=gen),
+              torch.randn(g, n, generator=gen)] if bias else [None] * 3
+    mlp = GroupedMLP.from_gate_up(gate, up, down, *biases, activation="gelu_tanh")
+    assert torch.equal(mlp.gate_up_weight[..., 0::2], gate) and torch.equal(mlp.gate_up_weight[..., 1::2], up)
+    assert torch.equal(interleave_gate_up(gate, up)[..., 1::2], up)
+    x = torch.randn(4, g, k, generator=gen)
+    check(mlp(x), loop_mlp(x, gate, up, down, *biases, activation="gelu_tanh"), FP32, 1, "y")
+    with pytest.raises(ValueError, match="^gate_bias, up_bias, down_bias: give all three or none"):
+        GroupedMLP.from_gate_up(gate, up, down, biases[0] if bias else gate[:, 0])
+    with pytest.raises(ValueError, match="^up_weight: expected gate_weight's shape"):
+        GroupedMLP.from_gate_up(gate, up[:, :4], down)
+    with pytest.raises(ValueError, match=r"^down_weight: expected shape \(G, H, N\)"):
+        GroupedMLP.from_gate_up(gate, up, down[:, :4])
+
+
+@pytest.mark.parametrize("form", ["3d", "2d"])
+def test_compile_grouped_mlp_fullgraph(form):
+    # fullgraph=True raises on any graph break; one frame, the grouped GEMMs as the custom op.
+    from torch._dynamo.testing import CompileCounterWithBackend
+    torch._dynamo.reset()
+    mlp = GroupedMLP(3, 16, 24, 8, bias=True)
+    x = torch.randn(5, 3, 16, generator=torch.Generator().manual_seed(11))
+    x_in = x.reshape(15, 16) if form == "2d" else x
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(mlp, fullgraph=True, backend=counter)
+    xl = x_in.clone().requires_grad_()
+    y = compiled(xl)
+    y.backward(torch.ones_like(y))
+    assert counter.frame_count == 1
+    ops = [node.target for graph in counter.graphs for node in graph.graph.nodes if node.op == "call_function"]
+    assert sum("grouped_linear" in str(op) for op in ops) == 2, ops
+    grads = [p.grad.clone() for p in mlp.parameters()]
+    mlp.zero_grad()
+    xe = x_in.clone().requires_grad_()
+    ye = mlp(xe)
+    ye.backward(torch.ones_like(ye))
+    torch.testing.assert_close(y, ye)
+    torch.testing.assert_close(xl.grad, xe.grad)
+    for got, want in zip(grads, (p.grad for p in mlp.parameters())):
+        torch.testing.assert_close(got, want)
+
+
+# ---- CUDA: runs on the GPU machine -------------------------------------------------------------------
+
+@requires_cuda
+@pytest.mark.parametrize("shape", [(1, 3, 64, 128), (37, 12, 136, 264)], ids=["B1", "odd"])
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
+@pytest.mark.parametrize("form", ["3d", "2d"])
+@pytest.mark.parametrize("dtype", [BF16, FP16], ids=str)
+def test_grouped_linear_cuda(dtype, form, bias, shape):
+    run_grouped_linear_case(*shape, dtype, "cuda", form, bias)
+
+
+@requires_cuda
+@pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
+@pytest.mark.parametrize("dtype", [BF16, FP16], ids=str)
+def test_no_copies_cuda(dtype, bias):
+    # cuBLAS takes the strided views as they are: no copy in or out, forward or backward, apart
+    # from baddbmm writing the broadcast bias into the output.
+    check_no_copies((64, 12, 128, 256), dtype, "cuda", bias)
+
+
+@requires_cuda
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "unfused"])
+@pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
+@pytest.mark.parametrize("dtype", [BF16, FP16], ids=str)
+@pytest.mark.parametrize("activation", GATED_MLP_ACTIVATIONS)
+def test_grouped_mlp_cuda(activation, dtype, bias, fused):
+    # With gradients: the gated projection's composite path (fused=True) or grouped_linear.
+    run_mlp_case(37, 12, 128, 200, 72, dtype, "cuda", activation, bias, fused=fused)
+
+
+@requires_cuda
+@pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
+@pytest.mark.parametrize("dtype", [BF16, FP16], ids=str)
+@pytest.mark.parametrize("activation", GATED_MLP_ACTIVATIONS)
+@pytest.mark.parametrize("form", ["3d", "2d"])
+def test_grouped_mlp_fused_kernel_cuda(form, activation, dtype, bias):
+    # Inference: the gate/up projection and the activation in moe_gemm_gated's kernel (where the
+    # build has the sm90 moe family), against the unrounded float32 loop, group by group.
+    from conftest import runs_here
+    if not runs_here("moe"):
+        pytest.skip("no sm90 moe kernels for this GPU in this build")
+    from cutlass_moe.grouped_linear import _gated_kernel_takes
+    torch.manual_seed(13)
+    b, g, k, hidden, n = 37, 12, 128, 200, 72
+    mlp = GroupedMLP(g, k, hidden, n, bias=bias, activation=activation, device="cuda", dtype=dtype)
+    x = torch.randn(b, g, k, generator=torch.Generator().manual_seed(14)).to("cuda", dtype)
+    assert _gated_kernel_takes(x, mlp.gate_up_weight, mlp.gate_up_bias, activation)
+    with torch.no_grad():
+        y = mlp(x.reshape(b * g, k) if form == "2d" else x)
+    assert y.shape == (b, g, n) and y.dtype == dtype
+    w, bias_of = mlp.gate_up_weight, mlp.gate_up_bias
+    ref = loop_mlp(x, w[..., 0::2], w[..., 1::2], mlp.down_weight, bias_of[..., 0::2] if bias else None,
+                   bias_of[..., 1::2] if bias else None, mlp.down_bias, activation=activation)
+    for i in range(g):
+        err = float((y[:, i].float() - ref[:, i]).norm() / ref[:, i].norm())
+        assert err <= REL[dtype], f"y, group {i}: relative error {err:.3e}"
+
+
+@requires_cuda
+def test_compile_grouped_mlp_cuda():
+    torch._dynamo.reset()
+    mlp = GroupedMLP(12, 128, 256, 64, bias=True, device="cuda", dtype=BF16)
+    x = torch.randn(40, 12, 128, device="cuda", dtype=BF16)
+    compiled = torch.compile(mlp, fullgraph=True)
+    xl, xe = x.clone().requires_grad_(), x.clone().requires_grad_()
+    y = compiled(xl)
+    y.backward(torch.ones_like(y))
+    grads = [p.grad.clone() for p in mlp.parameters()]
+    mlp.zero_grad()
+    ye = mlp(xe)
+    ye.backward(torch.ones_like(ye))
+    check(y, ye.float(), BF16, 1, "y")
+    check(xl.grad, xe.grad.float(), BF16, 1, "dx")
+    for got, want in zip(grads, (p.grad for p in mlp.parameters())):
+        check(got, want.float(), BF16, 0, "d parameter")
+
+
+@requires_cuda
+def test_grouped_mlp_functional_matches_module_cuda():
+    mlp = GroupedMLP(4, 64, 96, 32, bias=True, device="cuda", dtype=BF16)
+    x = torch.randn(16, 4, 64, device="cuda", dtype=BF16)
+    with torch.no_grad():
+        want = mlp(x)
+        got = grouped_mlp(x, mlp.gate_up_weight, mlp.down_weight, mlp.gate_up_bias, mlp.down_bias)
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("module", ["linear", "mlp"])
+def test_autocast_cpu(module):
+    # Under torch.autocast the modules compute in the autocast dtype from fp32 parameters, whose
+    # gradients stay fp32, as nn.Linear does.
+    torch.manual_seed(21)
+    b, g, k, n = 6, 3, 16, 8
+    x = torch.randn(b, g, k, requires_grad=True)
+    layer = GroupedLinear(g, k, n) if module == "linear" else GroupedMLP(g, k, 12, n, bias=True)
+    with torch.autocast("cpu", dtype=BF16):
+        y = layer(x)
+    assert y.dtype == BF16
+    y.float().sum().backward()
+    assert x.grad is not None and x.grad.dtype == FP32
+    for p in layer.parameters():
+        assert p.grad is not None and p.grad.dtype == FP32
+    with torch.no_grad():
+        want = layer(x.detach())  # fp32
+    err = float((y.detach().float() - want).norm() / want.norm())
+    assert err < REL[BF16], f"autocast output: relative error {err:.2e} against fp32"

@@ -18,8 +18,8 @@
 #include "kernel_families.h"
 #include "launch_facts.h"
 #include "moe_tile_scheduler.hpp"
-#include "zero_fill.cuh"
 #include "sm80/sm80_common.cuh"
+#include "zero_fill.cuh"
 
 namespace cutlass_moe::sm80 {
 
@@ -197,8 +197,8 @@ struct MoeGemmKernel {
       epilogue(output_op, iterator_D, accumulators, iterator_D);  // source unused (alpha-only op)
     }
     // A new output: this CTA's share of the rows past the owned rows (from this warp's scheduler walk).
-    const int end = scheduler.owned_rows_end();
-    if (params.zero_unowned && end < params.num_tokens) {
+    if (params.zero_unowned) {
+      const int end = scheduler.owned_rows_end();
       zero_rows(params.ptr_D, params.out_cols, params.ldd, end, params.num_tokens,
                 int64_t(blockIdx.x) * kThreadCount + thread_idx, int64_t(gridDim.x) * kThreadCount);
     }

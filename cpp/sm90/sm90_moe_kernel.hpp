@@ -183,10 +183,10 @@ class MoeGemmKernel {
   // them), with the end of the owned rows from the consumer's own scheduler walk.
   CUTLASS_DEVICE static void zero_unowned(Params const& params, Scheduler const& scheduler, int consumer,
                                           int group_thread) {
-    const int end = scheduler.owned_rows_end();
-    if (params.unowned.out == nullptr || end >= params.problem.num_tokens) return;
+    if (params.unowned.out == nullptr) return;
     constexpr int64_t kThreads = cutlass::NumThreadsPerWarpGroup;
-    zero_rows(params.unowned.out, params.unowned.cols, params.unowned.ldout, end, params.problem.num_tokens,
+    zero_rows(params.unowned.out, params.unowned.cols, params.unowned.ldout, scheduler.owned_rows_end(),
+              params.problem.num_tokens,
               (int64_t(blockIdx.x) * kConsumers + consumer) * kThreads + group_thread,
               int64_t(gridDim.x) * kConsumers * kThreads);
   }

@@ -20,9 +20,9 @@ from typing import NamedTuple, Optional
 import torch
 
 from . import _C
-from .ops import (_ACTIVATION_IDS, _BACKENDS, _CONFIGS, _DTYPES, _check_moe_gemm, _check_out, _check_tensor,
-                  _moe_gemm_impl, _on_device, _plan, _records_graph, _stream, _traced, _weight_layout, moe_gemm,
-                  moe_gemm_wgrad)
+from .ops import (_ACTIVATION_IDS, _BACKENDS, _CONFIGS, _DTYPES, _Resolved, _check_moe_gemm, _check_out,
+                  _check_tensor, _launch, _moe_gemm_impl, _on_device, _plan, _records_graph, _stream, _traced,
+                  _weight_layout, moe_gemm, moe_gemm_wgrad)
 from .reference import ACTIVATIONS, GATED_ACTIVATIONS, gated_activation
 
 
@@ -176,29 +176,41 @@ def _apply_epilogue(y: torch.Tensor, tokens_per_expert: torch.Tensor, fused: Fus
     return h.to(y.dtype)
 
 
-def _runs_fused_kernel(x, weights, trans_b, backend, config, fused: FusedArgs, num_tokens: Optional[int] = None) -> bool:
-    """Whether the fused kernel takes the call: the plan resolves to a MoE family, a gated N
-    is a multiple of 16 (N/2 output columns in 16-byte vectors), and the bias can be read in
+_FUSED_FAMILIES = ("moe", "sm80_moe")  # the families whose kernels run the fused epilogue
+
+
+def _fused_kernel_takes(x, weights, trans_b, fused: FusedArgs, num_tokens: Optional[int] = None) -> bool:
+    """What the fused kernel needs besides a MoE family: a CUDA problem with no empty dimension, a
+    gated N that is a multiple of 16 (N/2 output columns in 16-byte vectors), and a bias read in
     column pairs (4-byte aligned rows). num_tokens: T where x is not (T, K) (grouped_mlp's (B, G, K))."""
-    k = x.shape[-1]
     num_tokens = x.shape[0] if num_tokens is None else num_tokens  # x's rows, unless given
-    num_experts = weights.shape[0]
     n = weights.shape[1] if trans_b else weights.shape[2]
-    if x.device.type != "cuda" or min(k, num_experts, n, num_tokens) == 0 or (fused.gated and n % 16):
+    if x.device.type != "cuda" or min(x.shape[-1], weights.shape[0], n, num_tokens) == 0 or (fused.gated and n % 16):
         return False
     bias = fused.bias
-    if bias is not None and (bias.stride(0) % 2 or (not _traced(x) and bias.data_ptr() % 4)):
-        return False  # the kernel reads column pairs (traced: the op decides again at run time)
+    # the kernel reads column pairs (traced: the op decides again at run time)
+    return bias is None or not (bias.stride(0) % 2 or (not _traced(x) and bias.data_ptr() % 4))
+
+
+def _runs_fused_kernel(x, weights, trans_b, backend, config, fused: FusedArgs, num_tokens: Optional[int] = None) -> bool:
+    """Whether the fused kernel takes the call: _fused_kernel_takes, and the plan resolves to a MoE family."""
+    if not _fused_kernel_takes(x, weights, trans_b, fused, num_tokens):
+        return False
+    num_tokens = x.shape[0] if num_tokens is None else num_tokens
     layout = _weight_layout(weights, trans_b)[0]
-    plan = _plan(_DTYPES[x.dtype], layout, num_tokens, num_experts, n, k, _BACKENDS[backend], _CONFIGS[config],
-                 x.device.index)
-    return plan.backend in ("moe", "sm80_moe")
+    n = weights.shape[1] if trans_b else weights.shape[2]
+    plan = _plan(_DTYPES[x.dtype], layout, num_tokens, weights.shape[0], n, x.shape[-1], _BACKENDS[backend],
+                 _CONFIGS[config], x.device.index)
+    return plan.backend in _FUSED_FAMILIES
 
 
 def _run_fused(x, weights, tokens_per_expert, trans_b, out, backend, config, fused: FusedArgs) -> torch.Tensor:
-    """The fused call without autograd: the kernel where it runs, else the composite."""
-    if _runs_fused_kernel(x, weights, trans_b, backend, config, fused):
-        return _moe_gemm_impl(x, weights, tokens_per_expert, trans_b, out, backend, config, fused)
+    """The fused call without autograd: the kernel where it runs (one resolution, launched as it
+    is), else the composite."""
+    if _fused_kernel_takes(x, weights, trans_b, fused):
+        r = _Resolved(x, weights, tokens_per_expert, trans_b, backend, config, fused.gated)
+        if r.plan.backend in _FUSED_FAMILIES:
+            return _launch(r, x, weights, tokens_per_expert, out, fused)
     y = _moe_gemm_impl(x, weights, tokens_per_expert, trans_b, None, backend, config)
     y = _apply_epilogue(y, tokens_per_expert, fused)
     if out is None:

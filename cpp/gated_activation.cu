@@ -37,31 +37,33 @@ CUTLASS_DEVICE float gated(float gate, float up, GatedShape const& s) {
   }
 }
 
+// Calls body(row, pair) for each thread's groups of kPairs pairs (pair: the group's first), grid-stride.
+template <class Body>
+CUTLASS_DEVICE void for_each_group(GatedShape const& s, Body&& body) {
+  const int64_t groups_per_row = s.cols / kPairs;
+  const int64_t groups = s.rows * groups_per_row;
+  for (int64_t v = blockIdx.x * int64_t(kThreads) + threadIdx.x; v < groups; v += int64_t(gridDim.x) * kThreads) {
+    body(v / groups_per_row, (v % groups_per_row) * kPairs);
+  }
+}
+
 template <class Element, Activation kActivation>
 __global__ void __launch_bounds__(kThreads)
 gated_forward_kernel(const Element* __restrict__ y, Element* __restrict__ out, GatedShape s) {
-  const int64_t vectors_per_row = s.cols / kPairs;
-  const int64_t vectors = s.rows * vectors_per_row;
-  for (int64_t v = blockIdx.x * int64_t(kThreads) + threadIdx.x; v < vectors; v += int64_t(gridDim.x) * kThreads) {
-    const int64_t row = v / vectors_per_row;
-    const int64_t pair = (v % vectors_per_row) * kPairs;
+  for_each_group(s, [&](int64_t row, int64_t pair) {
     const auto in = *reinterpret_cast<cutlass::Array<Element, 2 * kPairs> const*>(y + row * s.ldy + 2 * pair);
     cutlass::Array<Element, kPairs> result;
     CUTLASS_PRAGMA_UNROLL
     for (int i = 0; i < kPairs; ++i) result[i] = Element(gated<kActivation>(float(in[2 * i]), float(in[2 * i + 1]), s));
     *reinterpret_cast<cutlass::Array<Element, kPairs>*>(out + row * s.ldout + pair) = result;
-  }
+  });
 }
 
 template <class Element, Activation kActivation>
 __global__ void __launch_bounds__(kThreads)
 gated_backward_kernel(const Element* __restrict__ y, const Element* __restrict__ grad_out,
                       Element* __restrict__ grad_y, GatedShape s) {
-  const int64_t vectors_per_row = s.cols / kPairs;
-  const int64_t vectors = s.rows * vectors_per_row;
-  for (int64_t v = blockIdx.x * int64_t(kThreads) + threadIdx.x; v < vectors; v += int64_t(gridDim.x) * kThreads) {
-    const int64_t row = v / vectors_per_row;
-    const int64_t pair = (v % vectors_per_row) * kPairs;
+  for_each_group(s, [&](int64_t row, int64_t pair) {
     const auto in = *reinterpret_cast<cutlass::Array<Element, 2 * kPairs> const*>(y + row * s.ldy + 2 * pair);
     const auto grad = *reinterpret_cast<cutlass::Array<Element, kPairs> const*>(grad_out + row * s.ldout + pair);
     cutlass::Array<Element, 2 * kPairs> result;
@@ -79,7 +81,7 @@ gated_backward_kernel(const Element* __restrict__ y, const Element* __restrict__
       result[2 * i + 1] = Element(d_up);
     }
     *reinterpret_cast<cutlass::Array<Element, 2 * kPairs>*>(grad_y + row * s.ldgrad_y + 2 * pair) = result;
-  }
+  });
 }
 
 // Calls fn(Element{}, std::integral_constant<Activation, kActivation>{}) for the runtime dtype and

@@ -394,3 +394,35 @@ def test_bench_peers_and_plot(tmp_path):
     else:
         bench.plot(rows, str(path), "cpu")
         assert path.stat().st_size > 1000
+
+
+def test_tuning_file_choices(tmp_path, monkeypatch):
+    # What cutlass_moe.tune remembers is read once per device, keyed by dtype, layout, T, E, N, K.
+    import json
+    import warnings
+    from cutlass_moe import tuning
+    path = tmp_path / "tuning.json"
+    monkeypatch.setenv("CUTLASS_MOE_TUNING_FILE", str(path))
+    monkeypatch.setattr(tuning, "_tables", {})
+    assert cutlass_moe.tuning_file() == str(path)
+    bf16, kn = ops._DTYPES[torch.bfloat16], ops._LAYOUTS["kn"]
+    assert tuning.choice(bf16, kn, 64, 4, 128, 256, 0) is None  # no file: the heuristic
+    chosen = {"backend": "grouped", "config": "sm90_pingpong_64x256x64_1x1x1"}
+    path.write_text(json.dumps({"choices": {"bf16:kn:64:4:128:256": chosen}}))
+    monkeypatch.setattr(tuning, "_tables", {})
+    assert tuning.choice(bf16, kn, 64, 4, 128, 256, 0) == ("grouped", "sm90_pingpong_64x256x64_1x1x1")
+    assert tuning.choice(bf16, kn, 64, 4, 256, 128, 0) is None
+    assert tuning.choice(bf16, ops._LAYOUTS["nk"], 64, 4, 128, 256, 0) is None
+    monkeypatch.setenv("CUTLASS_MOE_TUNING", "0")
+    monkeypatch.setattr(tuning, "_tables", {})
+    assert tuning.choice(bf16, kn, 64, 4, 128, 256, 0) is None  # switched off
+    monkeypatch.delenv("CUTLASS_MOE_TUNING")
+    path.write_text("{not json")
+    monkeypatch.setattr(tuning, "_tables", {})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert tuning.choice(bf16, kn, 64, 4, 128, 256, 0) is None
+    assert any("ignoring the tuning file" in str(w.message) for w in caught)
+    if not HAS_CUDA:
+        with pytest.raises(RuntimeError, match="tune: needs a CUDA GPU"):
+            cutlass_moe.tune([(64, 4, 256, 128)])

@@ -330,6 +330,38 @@ def test_repeated_signature_still_checks_each_call():
         moe_gemm(x, w, counts, trans_b=0)
 
 
+@requires_kernels
+def test_tune_remembers_the_fastest_config(tmp_path, monkeypatch):
+    # tune times every built config of the shape, keeps the fastest in its file, and an auto call of
+    # that shape then runs it (resolved once per signature), with the same results.
+    import json
+    from cutlass_moe import ops, tuning
+    skip_unless_built("auto", torch.bfloat16, "kn")
+    monkeypatch.setenv("CUTLASS_MOE_TUNING_FILE", str(tmp_path / "tuning.json"))
+    monkeypatch.setattr(tuning, "_tables", {})
+    try:
+        (res,) = cutlass_moe.tune([(1000, 8, 256, 384)], warmup_ms=2, rep_ms=5)
+        assert res["ms"] == min(res["times"].values()) and f"{res['backend']}:{res['config']}" in res["times"]
+        assert res["heuristic"] in res["times"] and len(res["times"]) >= 2
+        saved = json.loads((tmp_path / "tuning.json").read_text())["choices"]["bf16:kn:1000:8:384:256"]
+        assert (saved["backend"], saved["config"]) == (res["backend"], res["config"])
+        gen = torch.Generator(device="cuda").manual_seed(11)
+        x = torch.randn(1000, 256, device="cuda", dtype=torch.bfloat16, generator=gen)
+        w = torch.randn(8, 256, 384, device="cuda", dtype=torch.bfloat16, generator=gen)
+        counts = random_counts(8, 1000, torch.Generator().manual_seed(11)).cuda()
+        check(moe_gemm(x, w, counts), x, w, counts, False)
+        r = ops._resolved_call(x, w, counts, False, "auto", "auto")
+        assert (r.plan.backend, r.plan.config) == (res["backend"], res["config"])
+        # A remembered choice this build cannot run (another build's file) gives way to the heuristic.
+        tuning._tables[torch.cuda.current_device()]["bf16:kn:1000:8:384:256"] = {"backend": "moe",
+                                                                                "config": "sm80_64x128x32_32x64_s4"}
+        ops._RESOLVED.clear()
+        r = ops._resolved_call(x, w, counts, False, "auto", "auto")
+        assert ":".join((r.plan.backend, r.plan.config)) == res["heuristic"]
+    finally:
+        ops._RESOLVED.clear()  # later tests resolve without this file
+
+
 @backends
 def test_non_default_stream(backend):
     skip_unless_built(backend, torch.bfloat16, "kn")

@@ -208,7 +208,7 @@ def _run_fused(x, weights, tokens_per_expert, trans_b, out, backend, config, fus
     """The fused call without autograd: the kernel where it runs (one resolution, launched as it
     is), else the composite."""
     if _fused_kernel_takes(x, weights, trans_b, fused):
-        r = _Resolved(x, weights, tokens_per_expert, trans_b, backend, config, fused.gated)
+        r = _Resolved(x, weights, tokens_per_expert, trans_b, backend, config, fused.gated, fused=True)
         if r.plan.backend in _FUSED_FAMILIES:
             return _launch(r, x, weights, tokens_per_expert, out, fused)
     y = _moe_gemm_impl(x, weights, tokens_per_expert, trans_b, None, backend, config)

@@ -13,7 +13,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from . import _C
+from . import _C, tuning
 from .reference import moe_gemm_reference, moe_gemm_wgrad_reference
 
 # Enum values and limits of the C++ API (include/cutlass_moe/cutlass_moe.h), read from the build.
@@ -183,12 +183,14 @@ def _check_out(out, x, shape: Tuple[int, int]) -> None:
 class _Resolved:
     """What a moe_gemm call's launch needs besides the data: the kernel plan, the layout and the
     strides, resolved from the arguments' signature (shapes, strides, dtypes, devices, options).
-    Built once per signature on the eager path (see _resolved_call)."""
+    Built once per signature on the eager path (see _resolved_call). With backend and config "auto",
+    the plan takes cutlass_moe.tune's remembered choice for the shape where there is one (for a fused
+    call, one of the families that run the fused epilogue), else the heuristic's."""
 
     __slots__ = ("plan", "count_type", "host_counts", "num_tokens", "num_experts", "n", "out_cols", "ldx", "ldw",
                  "expert_stride", "dtype", "device", "torch_device")
 
-    def __init__(self, x, weights, tokens_per_expert, trans_b, backend, config, gated=False):
+    def __init__(self, x, weights, tokens_per_expert, trans_b, backend, config, gated=False, fused=False):
         num_tokens, k = x.shape
         num_experts = weights.shape[0]
         n = weights.shape[1] if trans_b else weights.shape[2]
@@ -201,8 +203,20 @@ class _Resolved:
         else:
             layout, self.ldw = _LAYOUTS["nk" if trans_b else "kn"], n
         self.device = x.device.index
-        self.plan = _plan(_DTYPES[x.dtype], layout, num_tokens, num_experts, n, k, _BACKENDS[backend],
-                          _CONFIGS[config], self.device)
+        dtype = _DTYPES[x.dtype]
+        self.plan = None
+        if backend == "auto" and config == "auto":
+            tuned = tuning.choice(dtype, layout, num_tokens, num_experts, n, k, self.device)
+            if (tuned is not None and tuned[0] in _BACKENDS and tuned[1] in _CONFIGS
+                    and not ((fused or gated) and tuned[0] not in ("moe", "sm80_moe"))):
+                try:
+                    self.plan = _plan(dtype, layout, num_tokens, num_experts, n, k, _BACKENDS[tuned[0]],
+                                      _CONFIGS[tuned[1]], self.device)
+                except (NotImplementedError, ValueError):  # a choice this build or shape cannot take
+                    pass
+        if self.plan is None:
+            self.plan = _plan(dtype, layout, num_tokens, num_experts, n, k, _BACKENDS[backend], _CONFIGS[config],
+                              self.device)
         self.count_type = _COUNT_TYPES[tokens_per_expert.dtype]
         self.host_counts = tokens_per_expert.device.type == "cpu"
         self.num_tokens, self.num_experts, self.n = num_tokens, num_experts, n

@@ -1,0 +1,168 @@
+"""Optional autotuning: :func:`tune` times every built kernel config on this GPU for the problem
+shapes a user names and remembers the fastest on disk, per GPU and cutlass_moe version.
+
+Calls with ``backend="auto", config="auto"`` then take the remembered choice for their shape
+(dtype, weight layout, T, E, N, K), looked up once per call signature together with the kernel plan
+(``ops._Resolved``): nothing is added per call. Default calls never measure; without a tuning file
+(or with ``CUTLASS_MOE_TUNING=0``) they take the heuristic's choice, :func:`cutlass_moe.select_config`.
+
+The file is ``$XDG_CACHE_HOME/cutlass_moe/tuning-<gpu>-<version>.json`` (``~/.cache`` without
+XDG_CACHE_HOME), or ``$CUTLASS_MOE_TUNING_FILE``. A choice the build cannot run (a file from
+another build) is skipped, with the heuristic taking its place.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+import warnings
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
+
+import torch
+
+from . import _C
+
+__all__ = ["tune", "tuning_file"]
+
+_DTYPE_NAMES = {value: name for name, value in dict(_C.dtypes()).items()}
+_LAYOUT_NAMES = {value: name for name, value in dict(_C.layouts()).items()}
+_FORWARD_FAMILIES = ("moe", "grouped", "sm80_moe", "sm80_grouped")
+_tables: Dict[int, Dict[str, dict]] = {}  # device index -> the loaded choices
+
+
+def tuning_file(device: Optional[int] = None) -> str:
+    """Where :func:`tune` keeps the choices for `device` (default: the current CUDA device)."""
+    override = os.environ.get("CUTLASS_MOE_TUNING_FILE")
+    if override:
+        return override
+    if device is None:
+        device = torch.cuda.current_device()
+    gpu = re.sub(r"[^A-Za-z0-9]+", "_", torch.cuda.get_device_name(device)).strip("_")
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    from . import __version__
+    return os.path.join(base, "cutlass_moe", f"tuning-{gpu}-{__version__}.json")
+
+
+def _key(dtype: str, layout: str, num_tokens: int, num_experts: int, n: int, k: int) -> str:
+    return f"{dtype}:{layout}:{num_tokens}:{num_experts}:{n}:{k}"
+
+
+def _read(path: str) -> Dict[str, dict]:
+    try:
+        with open(path) as f:
+            return dict(json.load(f)["choices"])
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        warnings.warn(f"cutlass_moe: ignoring the tuning file {path}: {exc}")
+        return {}
+
+
+def _table(device: int) -> Dict[str, dict]:
+    table = _tables.get(device)
+    if table is None:
+        table = {} if os.environ.get("CUTLASS_MOE_TUNING") == "0" else _read(tuning_file(device))
+        _tables[device] = table
+    return table
+
+
+def choice(dtype: int, layout: int, num_tokens: int, num_experts: int, n: int, k: int,
+           device: int) -> Optional[Tuple[str, str]]:
+    """The remembered (backend, config) for this shape on `device`, or None (the core's enum values
+    for dtype and layout)."""
+    table = _table(device)
+    if not table:
+        return None
+    entry = table.get(_key(_DTYPE_NAMES[dtype], _LAYOUT_NAMES[layout], num_tokens, num_experts, n, k))
+    return (entry["backend"], entry["config"]) if entry else None
+
+
+def _write(path: str, choices: Dict[str, dict], device: int) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    from . import __version__
+    body = {"device": torch.cuda.get_device_name(device), "version": __version__, "choices": choices}
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        json.dump(body, f, indent=1, sort_keys=True)
+    os.replace(tmp, path)  # atomic: a concurrent reader sees the old file or the new one
+
+
+Problem = Union[Sequence[int], Dict[str, int]]
+
+
+def tune(problems: Iterable[Problem], *, dtype: torch.dtype = torch.bfloat16, trans_b: bool = False,
+         device: Optional[int] = None, save: bool = True, warmup_ms: float = 10.0,
+         rep_ms: float = 50.0) -> List[dict]:
+    """Times every built (backend, config) of the forward families on each problem and remembers
+    the fastest for ``moe_gemm(..., backend="auto", config="auto")`` of that shape.
+
+    Args:
+        problems: (T, E, K, N) tuples, or dicts with those keys: x is (T, K), the weights (E, K, N),
+            or (E, N, K) with ``trans_b=True``. Each expert gets T/E rows (the remainder to the last):
+            the choice is per shape, as the heuristic's is, never per count vector.
+        dtype: torch.bfloat16 or torch.float16.
+        device: CUDA device index (default: the current one).
+        save: merge the choices into :func:`tuning_file` (and use them in this process at once).
+        warmup_ms, rep_ms: per config, as ``triton.testing.do_bench`` takes them.
+
+    Returns:
+        One dict per problem: the shape, ``backend`` and ``config`` chosen with their ``ms``, the
+        heuristic's choice and its ``heuristic_ms``, and every config's time in ``times``. Configs
+        whose result differs from the heuristic's (beyond bf16 rounding) are left out.
+    """
+    from .bench import _do_bench  # the project's timing: do_bench's median, L2 flushed between runs
+    from .ops import _RESOLVED, moe_gemm, select_config
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("tune: needs a CUDA GPU (default calls never measure; they take select_config's choice)")
+    if dtype not in (torch.bfloat16, torch.float16):
+        raise TypeError(f"dtype: expected torch.bfloat16 or torch.float16, got {dtype}")
+    device = torch.cuda.current_device() if device is None else device
+    dtype_name = {torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
+    layout = "nk" if trans_b else "kn"
+    candidates = []
+    for name in _C.built_instances():
+        _, family, inst_dtype, inst_layout, config = name.split(":")
+        if family in _FORWARD_FAMILIES and inst_dtype == dtype_name and inst_layout == layout:
+            candidates.append((family, config))
+    results, new = [], {}
+    gen = torch.Generator(device=f"cuda:{device}").manual_seed(0)
+    with torch.cuda.device(device), torch.no_grad():
+        for problem in problems:
+            num_tokens, num_experts, k, n = ((problem["T"], problem["E"], problem["K"], problem["N"])
+                                             if isinstance(problem, dict) else tuple(problem))
+            x = torch.randn(num_tokens, k, device="cuda", dtype=dtype, generator=gen)
+            w = torch.randn(num_experts, *((n, k) if trans_b else (k, n)), device="cuda", dtype=dtype,
+                            generator=gen) * k ** -0.5
+            counts = torch.full((num_experts,), num_tokens // num_experts, dtype=torch.int32)
+            counts[-1] += num_tokens - int(counts.sum())
+            counts = counts.cuda()
+            reference = moe_gemm(x, w, counts, trans_b=trans_b).float()
+            scale = float(reference.abs().max()) + 1e-6
+            times = {}
+            for backend, config in candidates:
+                run = lambda b=backend, c=config: moe_gemm(x, w, counts, trans_b=trans_b, backend=b, config=c)
+                try:
+                    y = run()
+                except (NotImplementedError, ValueError):  # not for this GPU, or not for this shape
+                    continue
+                if not torch.allclose(y.float(), reference, rtol=2e-2, atol=2e-2 * scale):
+                    continue
+                times[f"{backend}:{config}"] = _do_bench(run, warmup_ms, rep_ms)
+            if not times:
+                raise RuntimeError(f"tune: no built kernel runs T={num_tokens} E={num_experts} K={k} N={n} here")
+            best = min(times, key=times.get)
+            heuristic = ":".join(select_config(num_tokens, num_experts, n, k, device=device))
+            entry = {"backend": best.split(":")[0], "config": best.split(":")[1], "ms": times[best],
+                     "heuristic": heuristic, "heuristic_ms": times.get(heuristic)}
+            new[_key(dtype_name, layout, num_tokens, num_experts, n, k)] = entry
+            results.append({"T": num_tokens, "E": num_experts, "K": k, "N": n, **entry, "times": times})
+            del x, w, reference
+    if save:
+        path = tuning_file(device)
+        choices = {**_read(path), **new}
+        _write(path, choices, device)
+        _tables[device] = {} if os.environ.get("CUTLASS_MOE_TUNING") == "0" else choices
+        _RESOLVED.clear()  # resolutions made before now took the old choices
+    return results

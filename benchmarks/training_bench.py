@@ -168,18 +168,23 @@ def torch_gemm(xs, w, counts):
     return torch._grouped_mm(xs, w, offs=torch.cumsum(counts, 0, dtype=torch.int32))
 
 
+def timed_step(step_fn, opt, x, target):
+    """One training step (forward, backward, optimizer), synchronized: (loss, seconds)."""
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    loss = torch.nn.functional.mse_loss(step_fn(x).float(), target)
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+    return loss, time.perf_counter() - start
+
+
 def profile_step(step_fn, opt, x, target, label):
     """One compiled step under torch.profiler: host time by op, and the GPU's busy time."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                             torch.profiler.ProfilerActivity.CUDA]) as prof:
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        loss = torch.nn.functional.mse_loss(step_fn(x).float(), target)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        torch.cuda.synchronize()
-        wall = time.perf_counter() - start
+        _, wall = timed_step(step_fn, opt, x, target)
     events = prof.key_averages()
     gpu_us = sum(e.self_device_time_total for e in events)
     print(f"--- {label}: step {wall * 1e3:.2f} ms under the profiler, GPU kernels {gpu_us / 1e3:.2f} ms")
@@ -194,15 +199,8 @@ def train(gemm, state, data, steps, mode, profile=False):
     step_fn = torch.compile(model, fullgraph=True, mode=mode)
     losses, times = [], []
     for i in range(steps):
-        x, target = data[i]
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        loss = torch.nn.functional.mse_loss(step_fn(x).float(), target)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
+        loss, seconds = timed_step(step_fn, opt, *data[i])
+        times.append(seconds)
         losses.append(float(loss.detach()))
     if profile:
         profile_step(step_fn, opt, *data[0], f"{gemm.__name__}, mode={mode}")

@@ -246,13 +246,21 @@ def per_call_us(fn, calls=1000):
     return (time.perf_counter() - start) / calls * 1e6
 
 
-def part_host():
-    e, t, k, n = 8, 64, 128, 128
+HOST_PROBLEM = (8, 64, 128, 128)  # E, T, K, N: a tiny problem, so the host's time is what is measured
+
+
+def host_problem():
+    """x, w, counts, offs and a (K, N) matrix for torch.mm, for HOST_PROBLEM."""
+    e, t, k, n = HOST_PROBLEM
     x = torch.randn(t, k, device="cuda", dtype=BF16)
     w = torch.randn(e, k, n, device="cuda", dtype=BF16)
     counts = torch.full((e,), t // e, device="cuda", dtype=torch.int32)
-    offs = torch.cumsum(counts, 0, dtype=torch.int32)
-    b = torch.randn(k, n, device="cuda", dtype=BF16)
+    return x, w, counts, torch.cumsum(counts, 0, dtype=torch.int32), torch.randn(k, n, device="cuda", dtype=BF16)
+
+
+def part_host():
+    e, t, k, n = HOST_PROBLEM
+    x, w, counts, offs, b = host_problem()
     layers = [torch.randn(e, k, n, device="cuda", dtype=BF16) for _ in range(48 * 3)]
     xg = x.clone().requires_grad_()
     print(f"\nhost us per call (E={e} T={t} K={k} N={n}, bf16; loop: per weight tensor over 48 x 3)")
@@ -274,13 +282,9 @@ def part_host_breakdown():
     """Where moe_gemm's host time goes: each step of the no-grad call timed alone (same problem as
     part_host)."""
     from cutlass_moe import ops
-    e, t, k, n = 8, 64, 128, 128
-    x = torch.randn(t, k, device="cuda", dtype=BF16)
-    w = torch.randn(e, k, n, device="cuda", dtype=BF16)
-    counts = torch.full((e,), t // e, device="cuda", dtype=torch.int32)
-    offs = torch.cumsum(counts, 0, dtype=torch.int32)
+    e, t, k, n = HOST_PROBLEM
+    x, w, counts, offs, b = host_problem()
     out = torch.empty(t, n, device="cuda", dtype=BF16)
-    b = torch.randn(k, n, device="cuda", dtype=BF16)
     dtype, layout = ops._DTYPES[BF16], ops._LAYOUTS["kn"]
     plan = ops._plan(dtype, layout, t, e, n, k, ops._BACKENDS["auto"], ops._CONFIGS["auto"], 0)
     stream = ops._stream(0)

@@ -426,3 +426,31 @@ def test_tuning_file_choices(tmp_path, monkeypatch):
     if not HAS_CUDA:
         with pytest.raises(RuntimeError, match="tune: needs a CUDA GPU"):
             cutlass_moe.tune([(64, 4, 256, 128)])
+
+
+def test_sweep_shapes_splits_and_summary():
+    # benchmarks/sweep.py (issue 12's heuristic sweep): its splits sum to T, the skewed one gives
+    # one expert half of the rows, and the summary judges the heuristic over the shapes above the floor.
+    import importlib.util
+    import pathlib
+    path = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "sweep.py"
+    spec = importlib.util.spec_from_file_location("sweep", path)
+    sweep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sweep)
+    for split in sweep.SPLITS:
+        counts = sweep.split_counts(60, 60 * 129, split, seed=3)
+        assert int(counts.sum()) == 60 * 129 and bool((counts >= 0).all()), split
+    assert int(sweep.split_counts(60, 60 * 129, "skewed", seed=3).max()) >= 60 * 129 // 2
+    with pytest.raises(ValueError, match="split"):
+        sweep.split_counts(4, 64, "zipf", seed=0)
+    shapes = list(sweep.shapes(["olmoe"], [16, 256], ["uniform"]))
+    assert [(s["proj"], s["K"], s["N"], s["T"]) for s in shapes] == [
+        ("gate_up", 2048, 2048, 1024), ("gate_up", 2048, 2048, 16384), ("down", 1024, 2048, 1024),
+        ("down", 1024, 2048, 16384)]
+    rows = [dict(model="m", proj="p", E=8, T=t, K=64, N=64, split="uniform", floor_us=floor, heuristic="moe:a",
+                 heuristic_ms=h, times={"moe:a": h, "moe:b": b})
+            for t, floor, h, b in ((1, 10.0, 1.0, 0.1), (2, 100.0, 0.2, 0.2), (3, 100.0, 0.3, 0.25))]
+    summary = sweep.summarize(rows, min_floor_us=50.0)
+    assert summary["shapes"] == 2 and summary["heuristic_within_5pct"] == 0.5
+    assert summary["floor_fraction_min"] == pytest.approx(100.0 / 300.0)
+    assert summary["worst_five"][0]["T"] == 3

@@ -91,6 +91,41 @@ def _write(path: str, choices: Dict[str, dict], device: int) -> None:
 Problem = Union[Sequence[int], Dict[str, int]]
 
 
+def candidates(dtype: torch.dtype, trans_b: bool) -> List[Tuple[str, str]]:
+    """The built (backend, config) pairs of the forward families for this dtype and weight storage."""
+    dtype_name = {torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
+    layout = "nk" if trans_b else "kn"
+    pairs = []
+    for name in _C.built_instances():
+        _, family, inst_dtype, inst_layout, config = name.split(":")
+        if family in _FORWARD_FAMILIES and inst_dtype == dtype_name and inst_layout == layout:
+            pairs.append((family, config))
+    return pairs
+
+
+def time_configs(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor, trans_b: bool,
+                 pairs: Sequence[Tuple[str, str]], warmup_ms: float, rep_ms: float) -> Dict[str, float]:
+    """ms of each (backend, config) that runs this call ("backend:config" -> do_bench median),
+    leaving out those that raise (not for this GPU or shape) or whose result differs from the
+    auto call's beyond bf16 rounding."""
+    from .bench import _do_bench  # the project's timing: do_bench's median, L2 flushed between runs
+    from .ops import moe_gemm
+
+    reference = moe_gemm(x, w, counts, trans_b=trans_b).float()
+    scale = float(reference.abs().max()) + 1e-6
+    times = {}
+    for backend, config in pairs:
+        run = lambda b=backend, c=config: moe_gemm(x, w, counts, trans_b=trans_b, backend=b, config=c)
+        try:
+            y = run()
+        except (NotImplementedError, ValueError):
+            continue
+        if torch.allclose(y.float(), reference, rtol=2e-2, atol=2e-2 * scale):
+            times[f"{backend}:{config}"] = _do_bench(run, warmup_ms, rep_ms)
+        del y
+    return times
+
+
 def tune(problems: Iterable[Problem], *, dtype: torch.dtype = torch.bfloat16, trans_b: bool = False,
          device: Optional[int] = None, save: bool = True, warmup_ms: float = 10.0,
          rep_ms: float = 50.0) -> List[dict]:
@@ -111,8 +146,7 @@ def tune(problems: Iterable[Problem], *, dtype: torch.dtype = torch.bfloat16, tr
         heuristic's choice and its ``heuristic_ms``, and every config's time in ``times``. Configs
         whose result differs from the heuristic's (beyond bf16 rounding) are left out.
     """
-    from .bench import _do_bench  # the project's timing: do_bench's median, L2 flushed between runs
-    from .ops import _RESOLVED, moe_gemm, select_config
+    from .ops import _RESOLVED, select_config
 
     if not torch.cuda.is_available():
         raise RuntimeError("tune: needs a CUDA GPU (default calls never measure; they take select_config's choice)")
@@ -121,11 +155,7 @@ def tune(problems: Iterable[Problem], *, dtype: torch.dtype = torch.bfloat16, tr
     device = torch.cuda.current_device() if device is None else device
     dtype_name = {torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
     layout = "nk" if trans_b else "kn"
-    candidates = []
-    for name in _C.built_instances():
-        _, family, inst_dtype, inst_layout, config = name.split(":")
-        if family in _FORWARD_FAMILIES and inst_dtype == dtype_name and inst_layout == layout:
-            candidates.append((family, config))
+    pairs = candidates(dtype, trans_b)
     results, new = [], {}
     gen = torch.Generator(device=f"cuda:{device}").manual_seed(0)
     with torch.cuda.device(device), torch.no_grad():
@@ -138,18 +168,7 @@ def tune(problems: Iterable[Problem], *, dtype: torch.dtype = torch.bfloat16, tr
             counts = torch.full((num_experts,), num_tokens // num_experts, dtype=torch.int32)
             counts[-1] += num_tokens - int(counts.sum())
             counts = counts.cuda()
-            reference = moe_gemm(x, w, counts, trans_b=trans_b).float()
-            scale = float(reference.abs().max()) + 1e-6
-            times = {}
-            for backend, config in candidates:
-                run = lambda b=backend, c=config: moe_gemm(x, w, counts, trans_b=trans_b, backend=b, config=c)
-                try:
-                    y = run()
-                except (NotImplementedError, ValueError):  # not for this GPU, or not for this shape
-                    continue
-                if not torch.allclose(y.float(), reference, rtol=2e-2, atol=2e-2 * scale):
-                    continue
-                times[f"{backend}:{config}"] = _do_bench(run, warmup_ms, rep_ms)
+            times = time_configs(x, w, counts, trans_b, pairs, warmup_ms, rep_ms)
             if not times:
                 raise RuntimeError(f"tune: no built kernel runs T={num_tokens} E={num_experts} K={k} N={n} here")
             best = min(times, key=times.get)
@@ -158,7 +177,7 @@ def tune(problems: Iterable[Problem], *, dtype: torch.dtype = torch.bfloat16, tr
                      "heuristic": heuristic, "heuristic_ms": times.get(heuristic)}
             new[_key(dtype_name, layout, num_tokens, num_experts, n, k)] = entry
             results.append({"T": num_tokens, "E": num_experts, "K": k, "N": n, **entry, "times": times})
-            del x, w, reference
+            del x, w
     if save:
         path = tuning_file(device)
         choices = {**_read(path), **new}

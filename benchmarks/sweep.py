@@ -1,0 +1,156 @@
+"""The heuristic's sweep (issue 12): every built forward config timed on MoE shapes beyond the 14
+public cases, and how close the heuristic's choice (config="auto" without a tuning file) comes to
+the best built config on each.
+
+Shapes: the expert projections of real MoE models (gate/up: K = hidden, N = 2 x intermediate;
+down: K = intermediate, N = hidden), at several average rows per expert, with three splits of the
+rows: uniform, random (the bench's recipe: torch.rand(E) normalized) and skewed (one expert holds
+half of the rows, the rest random). bf16, (E, K, N) weights.
+
+For each shape the table (JSON) holds every config's ms, the heuristic's choice and ms, and the
+floor (max(FLOPs / 790 TFLOP/s, bytes / 4.36 TB/s), the bytes being x, the weights of experts with
+rows and out). The summary, over the shapes whose floor is at least --min-floor-us (shorter ones
+are bound by the launch), gives the share of shapes where the heuristic is within 5% of the best,
+the lowest floor fractions, and the worst five.
+
+To run on the GPU machine (after the build):
+  python3 benchmarks/sweep.py [--models a,b] [--rows 16,128,1024] [--splits uniform,random,skewed]
+                              [--out sweep.json] [--limit N] [--families moe,grouped]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from typing import Dict, Iterator, List
+
+import torch
+
+# name -> (experts, hidden, intermediate): the routed experts of each model.
+MODELS = {
+    "mixtral-8x7b": (8, 4096, 14336),
+    "mixtral-8x22b": (8, 6144, 16384),
+    "dsv3": (256, 7168, 2048),
+    "dsv2-lite": (64, 2048, 1408),
+    "qwen3-30b-a3b": (128, 2048, 768),
+    "qwen3-235b-a22b": (128, 4096, 1536),
+    "gptoss-20b": (32, 2880, 2880),
+    "gptoss-120b": (128, 2880, 2880),
+    "llama4-scout": (16, 5120, 8192),
+    "olmoe": (64, 2048, 1024),
+    "qwen1.5-moe": (60, 2048, 1408),
+}
+ROWS = (16, 64, 256, 1024, 4096)  # average rows per expert
+SPLITS = ("uniform", "random", "skewed")
+H200_TFLOPS, H200_TBPS = 790.0, 4.36
+
+
+def split_counts(num_experts: int, num_tokens: int, split: str, seed: int) -> torch.Tensor:
+    """Counts summing to num_tokens: even, random (the bench's recipe), or one expert with half."""
+    gen = torch.Generator().manual_seed(seed)
+    if split == "uniform":
+        counts = torch.full((num_experts,), num_tokens // num_experts, dtype=torch.int64)
+    elif split in ("random", "skewed"):
+        share = torch.rand(num_experts, generator=gen)
+        rest = num_tokens if split == "random" else num_tokens - num_tokens // 2
+        counts = (share / share.sum() * rest).to(torch.int64)
+        if split == "skewed":
+            counts[int(torch.randint(num_experts, (1,), generator=gen))] += num_tokens // 2
+    else:
+        raise ValueError(f"split: expected one of {SPLITS}, got {split!r}")
+    counts[-1] += num_tokens - int(counts.sum())
+    return counts
+
+
+def shapes(models: List[str], rows: List[int], splits: List[str]) -> Iterator[dict]:
+    for model in models:
+        experts, hidden, inter = MODELS[model]
+        for proj, k, n in (("gate_up", hidden, 2 * inter), ("down", inter, hidden)):
+            for per_expert in rows:
+                for split in splits:
+                    yield {"model": model, "proj": proj, "E": experts, "T": experts * per_expert, "K": k, "N": n,
+                           "rows_per_expert": per_expert, "split": split}
+
+
+def floor_us(shape: dict, counts: torch.Tensor) -> float:
+    t, k, n = shape["T"], shape["K"], shape["N"]
+    active = int((counts > 0).sum())
+    flops = 2.0 * t * k * n
+    bytes_moved = 2 * (t * k + active * k * n + t * n)
+    return max(flops / (H200_TFLOPS * 1e12), bytes_moved / (H200_TBPS * 1e12)) * 1e6
+
+
+def summarize(rows: List[dict], min_floor_us: float) -> Dict[str, object]:
+    """The heuristic against the best built config, over the rows whose floor is >= min_floor_us."""
+    kept = [r for r in rows if r["floor_us"] >= min_floor_us and r["times"] and r.get("heuristic_ms")]
+    if not kept:
+        return {"shapes": 0}
+    for r in kept:
+        r["best_ms"] = min(r["times"].values())
+        r["heuristic_over_best"] = r["heuristic_ms"] / r["best_ms"]
+        r["heuristic_floor_fraction"] = r["floor_us"] / (r["heuristic_ms"] * 1e3)
+    within = sum(r["heuristic_over_best"] <= 1.05 for r in kept)
+    worst = sorted(kept, key=lambda r: r["heuristic_floor_fraction"])[:5]
+    geo = math.exp(sum(math.log(r["heuristic_floor_fraction"]) for r in kept) / len(kept))
+    return {"shapes": len(kept), "heuristic_within_5pct": within / len(kept),
+            "floor_fraction_geomean": geo, "floor_fraction_min": worst[0]["heuristic_floor_fraction"],
+            "worst_five": [{k: r[k] for k in ("model", "proj", "E", "T", "K", "N", "split", "heuristic",
+                                              "heuristic_ms", "best_ms", "heuristic_floor_fraction")} for r in worst]}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--rows", default=",".join(map(str, ROWS)), help="average rows per expert")
+    parser.add_argument("--splits", default=",".join(SPLITS))
+    parser.add_argument("--out", default="sweep.json")
+    parser.add_argument("--limit", type=int, default=0, help="stop after this many shapes (0: all)")
+    parser.add_argument("--min-floor-us", type=float, default=50.0)
+    parser.add_argument("--families", default="moe,grouped",
+                        help="the forward families to time (the sm80 ones are Hopper's fallback, never auto's)")
+    parser.add_argument("--warmup-ms", type=float, default=5.0)
+    parser.add_argument("--rep-ms", type=float, default=25.0)
+    args = parser.parse_args()
+
+    import cutlass_moe
+    from cutlass_moe import tuning
+    os.environ["CUTLASS_MOE_TUNING"] = "0"  # the heuristic's own choices, whatever was tuned here
+    families = args.families.split(",")
+    pairs = [(b, c) for b, c in tuning.candidates(torch.bfloat16, trans_b=False) if b in families]
+    todo = list(shapes(args.models.split(","), [int(r) for r in args.rows.split(",")], args.splits.split(",")))
+    if args.limit:
+        todo = todo[:args.limit]
+    print(f"sweep on {torch.cuda.get_device_name()}: {len(todo)} shapes x {len(pairs)} configs", file=sys.stderr)
+    rows, started = [], time.time()
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    with torch.no_grad():
+        for i, shape in enumerate(todo):
+            counts = split_counts(shape["E"], shape["T"], shape["split"], seed=i)
+            x = torch.randn(shape["T"], shape["K"], device="cuda", dtype=torch.bfloat16, generator=gen)
+            w = torch.randn(shape["E"], shape["K"], shape["N"], device="cuda", dtype=torch.bfloat16,
+                            generator=gen) * shape["K"] ** -0.5
+            times = tuning.time_configs(x, w, counts.cuda(), False, pairs, args.warmup_ms, args.rep_ms)
+            heuristic = ":".join(cutlass_moe.select_config(shape["T"], shape["E"], shape["N"], shape["K"]))
+            row = {**shape, "floor_us": floor_us(shape, counts), "times": times, "heuristic": heuristic,
+                   "heuristic_ms": times.get(heuristic)}
+            rows.append(row)
+            best = min(times, key=times.get) if times else "-"
+            print(f"[{i + 1}/{len(todo)}] {shape['model']} {shape['proj']} T={shape['T']} {shape['split']}: "
+                  f"best {best} {times.get(best, float('nan')):.4f} ms, heuristic {heuristic} "
+                  f"{row['heuristic_ms'] or float('nan'):.4f} ms, floor {row['floor_us']:.1f} us "
+                  f"({time.time() - started:.0f} s)", file=sys.stderr, flush=True)
+            del x, w
+            torch.cuda.empty_cache()
+    summary = summarize(rows, args.min_floor_us)
+    with open(args.out, "w") as f:
+        json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                   "configs": [f"{b}:{c}" for b, c in pairs], "summary": summary, "shapes": rows}, f, indent=1)
+    print(json.dumps(summary, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -122,9 +122,10 @@ def _on_device(device: int, fn, *args) -> None:
 
 def select_config(num_tokens: int, num_experts: int, n: int, k: int, backend: str = "auto",
                   device: Optional[int] = None) -> Tuple[str, str]:
-    """The (backend, config) that ``backend=backend, config="auto"`` takes for these sizes on
+    """The heuristic's (backend, config) for ``backend=backend, config="auto"`` at these sizes on
     ``device`` (default: the current CUDA device, or an sm90 one where there is none): a choice
-    from the architecture, T/E, N and K alone, never the counts."""
+    from the architecture, T/E, N and K alone, never the counts. A shape :func:`cutlass_moe.tune`
+    has timed takes tune's choice instead (with backend and config both "auto")."""
     if backend not in _BACKENDS:
         raise ValueError(f"backend: expected one of {sorted(_BACKENDS)}, got {backend!r}")
     if device is None:
@@ -414,8 +415,9 @@ def moe_gemm(
             writes per-expert pointers and shapes. ``"sm80_moe"``, ``"sm80_grouped"``: the same two
             ideas on CUTLASS 2.x (Ampere/Ada; also built for Hopper). ``"auto"`` picks per device
             and problem (from the arch, T/E, N, K).
-        config: ``"auto"`` (heuristic from T/E, N, K) or a kernel config name from
-            :func:`cutlass_moe.built_configs` for the chosen backend.
+        config: ``"auto"`` (heuristic from T/E, N, K; with ``backend="auto"``, the choice
+            :func:`cutlass_moe.tune` remembered for this shape, where there is one) or a kernel
+            config name from :func:`cutlass_moe.built_configs` for the chosen backend.
         bias: optional (E, N) tensor of x's dtype, added to expert e's rows.
         activation: optional ``"relu"``, ``"gelu_tanh"``, ``"gelu"`` (erf) or ``"silu"``, applied
             after the bias.

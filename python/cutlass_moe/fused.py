@@ -196,11 +196,10 @@ def _runs_fused_kernel(x, weights, trans_b, backend, config, fused: FusedArgs, n
     """Whether the fused kernel takes the call: _fused_kernel_takes, and the plan resolves to a MoE family."""
     if not _fused_kernel_takes(x, weights, trans_b, fused, num_tokens):
         return False
-    num_tokens = x.shape[0] if num_tokens is None else num_tokens
     layout = _weight_layout(weights, trans_b)[0]
     n = weights.shape[1] if trans_b else weights.shape[2]
-    plan = _plan(_DTYPES[x.dtype], layout, num_tokens, weights.shape[0], n, x.shape[-1], _BACKENDS[backend],
-                 _CONFIGS[config], x.device.index)
+    plan = _plan(_DTYPES[x.dtype], layout, x.shape[0] if num_tokens is None else num_tokens, weights.shape[0], n,
+                 x.shape[-1], _BACKENDS[backend], _CONFIGS[config], x.device.index)
     return plan.backend in _FUSED_FAMILIES
 
 

@@ -59,10 +59,14 @@ def _read(path: str) -> Dict[str, dict]:
         return {}
 
 
+def _enabled() -> bool:
+    return os.environ.get("CUTLASS_MOE_TUNING") != "0"
+
+
 def _table(device: int) -> Dict[str, dict]:
     table = _tables.get(device)
     if table is None:
-        table = {} if os.environ.get("CUTLASS_MOE_TUNING") == "0" else _read(tuning_file(device))
+        table = _read(tuning_file(device)) if _enabled() else {}
         _tables[device] = table
     return table
 
@@ -182,6 +186,6 @@ def tune(problems: Iterable[Problem], *, dtype: torch.dtype = torch.bfloat16, tr
         path = tuning_file(device)
         choices = {**_read(path), **new}
         _write(path, choices, device)
-        _tables[device] = {} if os.environ.get("CUTLASS_MOE_TUNING") == "0" else choices
+        _tables[device] = choices if _enabled() else {}
         _RESOLVED.clear()  # resolutions made before now took the old choices
     return results

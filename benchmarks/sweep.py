@@ -15,7 +15,9 @@ the lowest floor fractions, and the worst five.
 
 To run on the GPU machine (after the build):
   python3 benchmarks/sweep.py [--models a,b] [--rows 16,128,1024] [--splits uniform,random,skewed]
-                              [--out sweep.json] [--limit N] [--families moe,grouped]
+                              [--out sweep.json] [--start N] [--limit N] [--families moe,grouped]
+To judge a stored table with the installed heuristic (no GPU): python3 benchmarks/sweep.py --judge
+benchmarks/sweep_h200.json (the heuristic in cpp/heuristics.cpp was fitted on that table).
 """
 from __future__ import annotations
 
@@ -101,6 +103,30 @@ def summarize(rows: List[dict], min_floor_us: float) -> Dict[str, object]:
                                               "heuristic_ms", "best_ms", "heuristic_floor_fraction")} for r in worst]}
 
 
+# The configs of the default build (CMakeLists.txt): "the best built config" of the summary. A table
+# may hold more (timed from a build with extra configs, to see what they would give).
+DEFAULT_CONFIGS = ("moe:sm90_pingpong_64x256x64_1x1x1", "moe:sm90_cooperative_128x256x64_1x1x1",
+                   "grouped:sm90_pingpong_64x256x64_1x1x1", "grouped:sm90_cooperative_128x256x64_1x2x1")
+
+
+def judge(rows: List[dict], configs) -> List[dict]:
+    """The rows with the installed heuristic's pick (select_config, no GPU needed) and its time, and
+    only the given configs' times: a stored table judged again after the heuristic changed."""
+    import cutlass_moe
+    judged = []
+    for r in rows:
+        pick = ":".join(cutlass_moe.select_config(r["T"], r["E"], r["N"], r["K"], device=-1))
+        times = {c: t for c, t in r["times"].items() if c in configs}
+        judged.append({**r, "times": times, "heuristic": pick, "heuristic_ms": times.get(pick)})
+    return judged
+
+
+def write(path: str, pairs, rows: List[dict], summary) -> None:
+    with open(path, "w") as f:
+        json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                   "configs": [f"{b}:{c}" for b, c in pairs], "summary": summary, "shapes": rows}, f, indent=1)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default=",".join(MODELS))
@@ -108,12 +134,23 @@ def main() -> int:
     parser.add_argument("--splits", default=",".join(SPLITS))
     parser.add_argument("--out", default="sweep.json")
     parser.add_argument("--limit", type=int, default=0, help="stop after this many shapes (0: all)")
+    parser.add_argument("--start", type=int, default=0, help="skip this many shapes (to resume a cut run)")
     parser.add_argument("--min-floor-us", type=float, default=50.0)
     parser.add_argument("--families", default="moe,grouped",
                         help="the forward families to time (the sm80 ones are Hopper's fallback, never auto's)")
     parser.add_argument("--warmup-ms", type=float, default=5.0)
     parser.add_argument("--rep-ms", type=float, default=25.0)
+    parser.add_argument("--judge", metavar="TABLE",
+                        help="no timing: judge a stored table (e.g. benchmarks/sweep_h200.json) with the "
+                             "installed heuristic, against the default build's configs")
     args = parser.parse_args()
+
+    if args.judge:
+        with open(args.judge) as f:
+            table = json.load(f)
+        summary = summarize(judge(table["shapes"], DEFAULT_CONFIGS), args.min_floor_us)
+        print(json.dumps(summary, indent=1))
+        return 0
 
     import cutlass_moe
     from cutlass_moe import tuning
@@ -121,13 +158,14 @@ def main() -> int:
     families = args.families.split(",")
     pairs = [(b, c) for b, c in tuning.candidates(torch.bfloat16, trans_b=False) if b in families]
     todo = list(shapes(args.models.split(","), [int(r) for r in args.rows.split(",")], args.splits.split(",")))
+    todo = todo[args.start:]
     if args.limit:
         todo = todo[:args.limit]
     print(f"sweep on {torch.cuda.get_device_name()}: {len(todo)} shapes x {len(pairs)} configs", file=sys.stderr)
     rows, started = [], time.time()
     gen = torch.Generator(device="cuda").manual_seed(0)
     with torch.no_grad():
-        for i, shape in enumerate(todo):
+        for i, shape in enumerate(todo, start=args.start):
             counts = split_counts(shape["E"], shape["T"], shape["split"], seed=i)
             x = torch.randn(shape["T"], shape["K"], device="cuda", dtype=torch.bfloat16, generator=gen)
             w = torch.randn(shape["E"], shape["K"], shape["N"], device="cuda", dtype=torch.bfloat16,
@@ -138,16 +176,16 @@ def main() -> int:
                    "heuristic_ms": times.get(heuristic)}
             rows.append(row)
             best = min(times, key=times.get) if times else "-"
-            print(f"[{i + 1}/{len(todo)}] {shape['model']} {shape['proj']} T={shape['T']} {shape['split']}: "
+            print(f"[{i + 1}/{args.start + len(todo)}] {shape['model']} {shape['proj']} T={shape['T']} {shape['split']}: "
                   f"best {best} {times.get(best, float('nan')):.4f} ms, heuristic {heuristic} "
                   f"{row['heuristic_ms'] or float('nan'):.4f} ms, floor {row['floor_us']:.1f} us "
                   f"({time.time() - started:.0f} s)", file=sys.stderr, flush=True)
             del x, w
             torch.cuda.empty_cache()
+            if i % 10 == 9:  # a run cut short still leaves its table
+                write(args.out, pairs, rows, None)
     summary = summarize(rows, args.min_floor_us)
-    with open(args.out, "w") as f:
-        json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                   "configs": [f"{b}:{c}" for b, c in pairs], "summary": summary, "shapes": rows}, f, indent=1)
+    write(args.out, pairs, rows, summary)
     print(json.dumps(summary, indent=1))
     return 0
 

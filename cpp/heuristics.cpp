@@ -11,13 +11,25 @@ Backend select_sm80_backend(const MoeGemmProblem&) { return Backend::kSm80Moe; }
 
 }  // namespace
 
-Backend select_backend(const MoeGemmProblem& problem, int device) {
+Backend select_fused_backend(const MoeGemmProblem& problem, int device) {
   if (device >= 0 && device_facts(device).cc / 10 == 8) {
     return select_sm80_backend(problem);
   }
-  // The MoE family, with the config select_config picks, measured faster than the grouped family
-  // on every public case, and costs less host time per call (no workspace, one launch):
-  // benchmarks/NOTES.md.
+  return Backend::kMoe;
+}
+
+// Fitted on benchmarks/sweep_h200.json (11 models' expert projections x 5 rows per expert x 3
+// splits, every built config timed; benchmarks/NOTES.md, "The heuristic fitted on the sweep").
+Backend select_backend(const MoeGemmProblem& problem, int device) {
+  if (has_fused_epilogue(problem) || (device >= 0 && device_facts(device).cc / 10 == 8)) {
+    return select_fused_backend(problem, device);
+  }
+  // Thousands of rows per expert and K >= 1536: the grouped family's 128x256 cooperative tile with a
+  // 1x2 cluster (x's tile multicast to both CTAs) reads x from L2 half as often as the MoE family's
+  // 1x1 tiles, and wins there. Elsewhere the MoE family (no workspace, one launch, a new output's
+  // unowned rows zeroed in the same launch).
+  const int64_t experts = problem.num_experts > 0 ? problem.num_experts : 1;
+  if (problem.num_tokens / experts >= 2048 && problem.k >= 1536) return Backend::kGrouped;
   return Backend::kMoe;
 }
 
@@ -31,14 +43,17 @@ KernelConfig select_config(const MoeGemmProblem& problem, Backend backend, int /
   const int64_t experts = problem.num_experts > 0 ? problem.num_experts : 1;
   const int64_t rows_per_expert = problem.num_tokens / experts;
   if (backend == Backend::kMoe) {
-    // The 128x256 cooperative tile reads each weight tile once per 128 rows: it wins with deep K
-    // and more than 64 rows per expert, and with thousands of rows per expert. The 64x256 pingpong
-    // tile pads each expert's last tile less: it wins on decode and at K <= 2048 with hundreds of
-    // rows per expert. Measurements: benchmarks/NOTES.md ("TMA-store epilogue").
-    if (rows_per_expert > 64 && (problem.k >= 2560 || rows_per_expert >= 2048)) {
-      return KernelConfig::kSm90Cooperative_128x256x64_1x1x1;
-    }
-    return KernelConfig::kSm90Pingpong_64x256x64_1x1x1;
+    // The 64x256 pingpong tile pads each expert's last tile less and overlaps one tile's epilogue
+    // with the next one's mainloop: it wins on decode, at K < 2560 up to a thousand rows per expert,
+    // and with few experts (< 32: Mixtral, Llama 4 Scout), whose wide weights give every CTA many
+    // column tiles. The 128x256 cooperative tile reads each weight tile once per 128 rows: it wins
+    // with deep K among many experts, and with thousands of rows per expert unless K is small.
+    // Measurements: benchmarks/sweep_h200.json (benchmarks/NOTES.md, "The heuristic fitted on the
+    // sweep").
+    const bool cooperative = rows_per_expert >= 2048
+                                 ? problem.k >= 1536
+                                 : rows_per_expert > 64 && problem.k >= 2560 && problem.num_experts >= 32;
+    return cooperative ? KernelConfig::kSm90Cooperative_128x256x64_1x1x1 : KernelConfig::kSm90Pingpong_64x256x64_1x1x1;
   }
   // The 64x256 pingpong tile wastes the least on each expert's last, partial tile and overlaps one
   // tile's epilogue with the next one's mainloop: it is the pick from decode through a few hundred

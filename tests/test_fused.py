@@ -417,3 +417,26 @@ def test_gpu_gated_activation_kernels_match_torch(dtype, activation):
     assert y.grad.shape == y.shape and y.grad.dtype == dtype
     assert rel(y.grad, yt.grad) < 2e-2, f"backward: relative error {rel(y.grad, yt.grad):.2e}"
     del yk
+
+
+@gpu
+def test_fused_calls_stay_in_a_moe_family_where_auto_takes_the_grouped_one():
+    # Only the MoE families run the fused epilogue. With thousands of rows per expert and K >= 1536 a
+    # plain call's heuristic takes the grouped family; a fused call's plan must stay in the MoE ones
+    # (else it would fall back to the composite), and its result must still be right.
+    from cutlass_moe import ops
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the grouped pick is the sm90 heuristic's")
+    device = torch.cuda.current_device()
+    t, e, k, n = 4096, 2, 1536, 256  # 2048 rows per expert
+    args = (ops._DTYPES[torch.bfloat16], ops._LAYOUTS["kn"], t, e, n, k, ops._BACKENDS["auto"],
+            ops._CONFIGS["auto"], device)
+    try:
+        plain, fused = ops._plan(*args, False), ops._plan(*args, True)
+    except NotImplementedError as err:  # a custom build without both sm90 families
+        pytest.skip(str(err))
+    assert (plain.backend, fused.backend) == ("grouped", "moe")
+    x, w, bias, _, counts = make(t, k, n, e, torch.bfloat16, "cuda")
+    y = moe_gemm(x, w, counts.cuda(), bias=bias, activation="silu")
+    ref = moe_gemm_reference(x.float().cpu(), w.float().cpu(), counts, bias=bias.float().cpu(), activation="silu")
+    check(y, ref, counts, t)

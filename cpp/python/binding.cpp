@@ -83,12 +83,16 @@ PYBIND11_MODULE(_C, m) {
 
   m.def("plan",
         [](int dtype, int weight_layout, int64_t num_tokens, int64_t num_experts, int64_t n, int64_t k,
-           int backend, int config, int device) {
+           int backend, int config, int device, bool fused) {
           // The natural strides: the plan does not depend on them (run checks the real ones).
           const int64_t ldw = static_cast<WeightLayout>(weight_layout) == WeightLayout::kKN ? n : k;
           MoeGemmProblem p = make_problem(dtype, weight_layout, 0, num_tokens, num_experts, n, k, k, ldw,
                                           ldw * (ldw == n ? k : n), n);
-          return plan_moe_gemm(p, static_cast<Backend>(backend), static_cast<KernelConfig>(config), device);
+          Backend b = static_cast<Backend>(backend);
+          // fused: a call with a fused epilogue (bias, activation, row_scale, gated), which only the
+          // MoE families run: auto picks among them.
+          if (fused && b == Backend::kAuto) b = select_fused_backend(p, device);
+          return plan_moe_gemm(p, b, static_cast<KernelConfig>(config), device);
         });
 
   // run_moe_gemm; zero_unowned: a new output, fully defined (MoeGemmProblem::zero_unowned).

@@ -179,6 +179,9 @@ std::vector<std::pair<int64_t, int64_t>> expert_row_ranges(const std::vector<int
 // architecture, T/E, N and K (never the counts). select_config answers for a given (resolved)
 // family. A negative device means "an sm90 device".
 Backend select_backend(const MoeGemmProblem& problem, int device);
+// The family select_backend picks for a call with a fused epilogue (has_fused_epilogue): one of the
+// MoE families, the only ones that run it.
+Backend select_fused_backend(const MoeGemmProblem& problem, int device);
 KernelConfig select_config(const MoeGemmProblem& problem, Backend backend, int device);
 
 // A problem shape resolved once: the family, the config and the kernel instance (kAuto resolved

@@ -199,7 +199,7 @@ def _runs_fused_kernel(x, weights, trans_b, backend, config, fused: FusedArgs, n
     layout = _weight_layout(weights, trans_b)[0]
     n = weights.shape[1] if trans_b else weights.shape[2]
     plan = _plan(_DTYPES[x.dtype], layout, x.shape[0] if num_tokens is None else num_tokens, weights.shape[0], n,
-                 x.shape[-1], _BACKENDS[backend], _CONFIGS[config], x.device.index)
+                 x.shape[-1], _BACKENDS[backend], _CONFIGS[config], x.device.index, True)
     return plan.backend in _FUSED_FAMILIES
 
 

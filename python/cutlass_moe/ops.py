@@ -212,12 +212,12 @@ class _Resolved:
                     and not ((fused or gated) and tuned[0] not in ("moe", "sm80_moe"))):
                 try:
                     self.plan = _plan(dtype, layout, num_tokens, num_experts, n, k, _BACKENDS[tuned[0]],
-                                      _CONFIGS[tuned[1]], self.device)
+                                      _CONFIGS[tuned[1]], self.device, fused or gated)
                 except (NotImplementedError, ValueError):  # a choice this build or shape cannot take
                     pass
         if self.plan is None:
             self.plan = _plan(dtype, layout, num_tokens, num_experts, n, k, _BACKENDS[backend], _CONFIGS[config],
-                              self.device)
+                              self.device, fused or gated)
         self.count_type = _COUNT_TYPES[tokens_per_expert.dtype]
         self.host_counts = tokens_per_expert.device.type == "cpu"
         self.num_tokens, self.num_experts, self.n = num_tokens, num_experts, n

@@ -31,6 +31,8 @@ from typing import Dict, Iterator, List
 
 import torch
 
+from cutlass_moe import bench  # the floor, as the bench computes it
+
 # name -> (experts, hidden, intermediate): the routed experts of each model.
 MODELS = {
     "mixtral-8x7b": (8, 4096, 14336),
@@ -47,7 +49,6 @@ MODELS = {
 }
 ROWS = (16, 64, 256, 1024, 4096)  # average rows per expert
 SPLITS = ("uniform", "random", "skewed")
-H200_TFLOPS, H200_TBPS = 790.0, 4.36
 
 
 def split_counts(num_experts: int, num_tokens: int, split: str, seed: int) -> torch.Tensor:
@@ -78,11 +79,7 @@ def shapes(models: List[str], rows: List[int], splits: List[str]) -> Iterator[di
 
 
 def floor_us(shape: dict, counts: torch.Tensor) -> float:
-    t, k, n = shape["T"], shape["K"], shape["N"]
-    active = int((counts > 0).sum())
-    flops = 2.0 * t * k * n
-    bytes_moved = 2 * (t * k + active * k * n + t * n)
-    return max(flops / (H200_TFLOPS * 1e12), bytes_moved / (H200_TBPS * 1e12)) * 1e6
+    return bench.floor_ms(shape, counts, bench.H200_TFLOPS, bench.H200_TBPS) * 1e3
 
 
 def summarize(rows: List[dict], min_floor_us: float) -> Dict[str, object]:

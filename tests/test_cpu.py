@@ -460,3 +460,13 @@ def test_sweep_shapes_splits_and_summary():
     assert summary["shapes"] == 2 and summary["heuristic_within_5pct"] == 0.5
     assert summary["floor_fraction_min"] == pytest.approx(100.0 / 300.0)
     assert summary["worst_five"][0]["T"] == 3
+    # --judge: a stored table judged again with the installed heuristic, against the default
+    # build's configs only (a table timed with extra configs keeps them out of "the best").
+    pick = ":".join(cutlass_moe.select_config(8192, 8, 28672, 4096, device=-1))
+    stored = [dict(model="mixtral", proj="gate_up", E=8, T=8192, K=4096, N=28672, split="uniform", floor_us=2400.0,
+                   heuristic="stale:pick", heuristic_ms=9.0,
+                   times={**{c: 3.0 for c in sweep.DEFAULT_CONFIGS}, pick: 2.9, "moe:extra_tile": 1.0})]
+    judged = sweep.judge(stored, sweep.DEFAULT_CONFIGS)
+    assert judged[0]["heuristic"] == pick and judged[0]["heuristic_ms"] == 2.9
+    assert "moe:extra_tile" not in judged[0]["times"]
+    assert sweep.summarize(judged, min_floor_us=50.0)["heuristic_within_5pct"] == 1.0

@@ -95,10 +95,14 @@ def _write(path: str, choices: Dict[str, dict], device: int) -> None:
 Problem = Union[Sequence[int], Dict[str, int]]
 
 
+def _storage_names(dtype: torch.dtype, trans_b: bool) -> Tuple[str, str]:
+    """The core's names of the dtype and the weight layout, as instance names and keys spell them."""
+    return {torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype], ("nk" if trans_b else "kn")
+
+
 def candidates(dtype: torch.dtype, trans_b: bool) -> List[Tuple[str, str]]:
     """The built (backend, config) pairs of the forward families for this dtype and weight storage."""
-    dtype_name = {torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
-    layout = "nk" if trans_b else "kn"
+    dtype_name, layout = _storage_names(dtype, trans_b)
     pairs = []
     for name in _C.built_instances():
         _, family, inst_dtype, inst_layout, config = name.split(":")
@@ -163,8 +167,7 @@ def tune(problems: Iterable[Problem], *, dtype: torch.dtype = torch.bfloat16, tr
     if dtype not in (torch.bfloat16, torch.float16):
         raise TypeError(f"dtype: expected torch.bfloat16 or torch.float16, got {dtype}")
     device = torch.cuda.current_device() if device is None else device
-    dtype_name = {torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
-    layout = "nk" if trans_b else "kn"
+    dtype_name, layout = _storage_names(dtype, trans_b)
     pairs = candidates(dtype, trans_b)
     results, new = [], {}
     gen = torch.Generator(device=f"cuda:{device}").manual_seed(0)

@@ -419,7 +419,7 @@ def test_no_copies_cuda(dtype, bias):
 @pytest.mark.parametrize("dtype", [BF16, FP16], ids=str)
 @pytest.mark.parametrize("activation", GATED_MLP_ACTIVATIONS)
 def test_grouped_mlp_cuda(activation, dtype, bias, fused):
-    # With gradients: the gated projection's composite path (fused=True) or grouped_linear.
+    # With gradients both take grouped_linear then gated_activation (fused=True only in inference).
     run_mlp_case(37, 12, 128, 200, 72, dtype, "cuda", activation, bias, fused=fused)
 
 
@@ -449,6 +449,26 @@ def test_grouped_mlp_fused_kernel_cuda(form, activation, dtype, bias):
     for i in range(g):
         err = float((y[:, i].float() - ref[:, i]).norm() / ref[:, i].norm())
         assert err <= REL[dtype], f"y, group {i}: relative error {err:.3e}"
+
+
+@requires_cuda
+def test_grouped_mlp_fused_kernel_only_in_inference_cuda(monkeypatch):
+    # With a gradient recorded, grouped_linear's batched GEMMs (faster in training than the fused
+    # op's composite path); without, moe_gemm_gated's kernel where the build has it.
+    from conftest import runs_here
+    import cutlass_moe.grouped_linear as gl
+    calls = []
+    real = gl.moe_gemm_gated
+    monkeypatch.setattr(gl, "moe_gemm_gated", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    mlp = GroupedMLP(12, 128, 256, 64, device="cuda", dtype=BF16)
+    x = torch.randn(40, 12, 128, device="cuda", dtype=BF16)
+    y = mlp(x)
+    assert y.grad_fn is not None and calls == []
+    y.sum().backward()
+    assert all(p.grad is not None for p in mlp.parameters())
+    with torch.no_grad():
+        mlp(x)
+    assert calls == ([1] if runs_here("moe") else [])
 
 
 @requires_cuda

@@ -41,8 +41,9 @@ layout of :func:`cutlass_moe.moe_gemm_gated`). Where our fused gated kernel runs
 whose MoE family, sm90 ``moe`` or ``sm80_moe``, takes the shapes), the gate/up projection and the
 activation are that one kernel, over x's rows copied group-major once (a (G * B, K) copy of x,
 against a (B, G, 2H) GEMM output and its elementwise passes saved); the down projection is
-:func:`grouped_linear`. Elsewhere (the CPU, ``fused=False``) and wherever a gradient is recorded,
-it is a GEMM, then
+:func:`grouped_linear`. Elsewhere (the CPU, ``fused=False``) and wherever a gradient is recorded
+(there the batched GEMMs on x in place are faster than the fused op's composite path), it is
+:func:`grouped_linear`, then
 :func:`gated_activation` (in float32, rounded once: on the GPU one kernel each way, elsewhere torch
 operations, which Inductor fuses under torch.compile).
 """
@@ -369,9 +370,9 @@ def grouped_mlp(x: torch.Tensor, gate_up_weight: torch.Tensor, down_weight: torc
     """``down(act(gate(x)) * up(x))`` per group, with the interleaved (G, K, 2H) gate/up weight and
     the (G, H, N) down weight. Returns (B, G, N).
 
-    ``fused``: the gate/up projection and the activation as :func:`cutlass_moe.moe_gemm_gated`'s one
-    kernel where it runs (module docstring); else :func:`grouped_linear` then
-    :func:`gated_activation`. The down projection is :func:`grouped_linear` either way."""
+    ``fused``: in inference (no gradient recorded), the gate/up projection and the activation as
+    :func:`cutlass_moe.moe_gemm_gated`'s one kernel where it runs (module docstring); else, and
+    always where a gradient is recorded, :func:`grouped_linear` then :func:`gated_activation`. The down projection is :func:`grouped_linear` either way."""
     _check_activation(activation)
     x, gate_up_weight, down_weight, gate_up_bias, down_bias = _autocast(x, gate_up_weight, down_weight, gate_up_bias,
                                                                        down_bias)
@@ -380,7 +381,12 @@ def grouped_mlp(x: torch.Tensor, gate_up_weight: torch.Tensor, down_weight: torc
                          f"gate_up_weight's {gate_up_weight.shape[2]} columns), got {tuple(down_weight.shape)}")
     x = _check_grouped_linear(x, gate_up_weight, gate_up_bias, None)   # (B, G, K)
     batch, groups, k = x.shape
-    if fused and _gated_kernel_takes(x, gate_up_weight, gate_up_bias, activation):
+    # The fused kernel only in inference: where a gradient is recorded, moe_gemm_gated would run its
+    # composite path (a plain GEMM kept for the backward) over the group-major copy of x, and its
+    # backward our MoE dgrad and wgrad; cuBLAS's strided batched GEMMs on x in place are faster in
+    # training at PR #263's shape (benchmarks/NOTES.md, "GroupedMLP in training").
+    if (fused and not _records_graph(x, gate_up_weight, gate_up_bias)
+            and _gated_kernel_takes(x, gate_up_weight, gate_up_bias, activation)):
         rows = x.transpose(0, 1).reshape(groups * batch, k)             # group-major: one copy of x
         counts = torch.full((groups,), batch, dtype=torch.int32, device=x.device)
         a = moe_gemm_gated(rows, gate_up_weight, counts, activation=activation, bias=gate_up_bias)
@@ -410,8 +416,8 @@ class GroupedMLP(nn.Module):
         interleaved the same way. ``down_weight`` (G, H, N), ``down_bias`` (G, N). Each projection
         is initialized like ``nn.Linear`` per group.
 
-    The attribute ``fused`` (default True) picks :func:`grouped_mlp`'s fused gated kernel where it
-    runs. Separate gate and up weights convert with
+    The attribute ``fused`` (default True) picks :func:`grouped_mlp`'s fused gated kernel in
+    inference, where it runs. Separate gate and up weights convert with
     :meth:`from_gate_up`; ``gate_up_weight[..., 0::2]`` and ``[..., 1::2]`` are views of them.
 
     Example::

@@ -455,8 +455,9 @@ def test_grouped_mlp_fused_kernel_cuda(form, activation, dtype, bias):
 def test_grouped_mlp_fused_kernel_only_in_inference_cuda(monkeypatch):
     # With a gradient recorded, grouped_linear's batched GEMMs (faster in training than the fused
     # op's composite path); without, moe_gemm_gated's kernel where the build has it.
+    import sys
     from conftest import runs_here
-    import cutlass_moe.grouped_linear as gl
+    gl = sys.modules["cutlass_moe.grouped_linear"]  # the module: the package's attribute is the function
     calls = []
     real = gl.moe_gemm_gated
     monkeypatch.setattr(gl, "moe_gemm_gated", lambda *a, **kw: calls.append(1) or real(*a, **kw))

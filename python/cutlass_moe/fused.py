@@ -109,8 +109,9 @@ class _ExpertBias(torch.autograd.Function):
 def _gated_kernel_applies(y: torch.Tensor) -> bool:
     """Whether the core's gated_activation kernels take y (rows, 2I): an fp16/bf16 CUDA tensor in
     16-byte rows of 8-byte aligned vectors, outside torch.compile (which fuses the torch form)."""
-    return (y.is_cuda and y.dtype in _DTYPES and y.dim() == 2 and y.shape[1] % 8 == 0 and y.stride(1) == 1
-            and y.stride(0) % 4 == 0 and y.data_ptr() % 8 == 0 and not torch.compiler.is_compiling())
+    # is_compiling first: Dynamo cannot trace data_ptr() (on a CUDA tensor it broke the graph).
+    return (not torch.compiler.is_compiling() and y.is_cuda and y.dtype in _DTYPES and y.dim() == 2
+            and y.shape[1] % 8 == 0 and y.stride(1) == 1 and y.stride(0) % 4 == 0 and y.data_ptr() % 8 == 0)
 
 
 class _GatedActivation(torch.autograd.Function):

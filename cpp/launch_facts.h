@@ -8,7 +8,8 @@ namespace cutlass_moe {
 
 struct DeviceFacts {
   int sm_count;
-  int cc;  // 10 * major + minor
+  int cc;              // 10 * major + minor
+  double dram_tbps;    // peak DRAM bandwidth, 2 x memory clock x bus width (H100 SXM 3.35, H200 4.9)
 };
 
 DeviceFacts device_facts(int device);

@@ -177,7 +177,8 @@ std::vector<std::pair<int64_t, int64_t>> expert_row_ranges(const std::vector<int
 
 // The family and configuration the heuristics pick from what the host knows: the device's
 // architecture, T/E, N and K (never the counts). select_config answers for a given (resolved)
-// family. A negative device means "an sm90 device".
+// family. A negative device means "an sm90 device" (with an H200's DRAM, where the pick depends on
+// the memory's speed).
 Backend select_backend(const MoeGemmProblem& problem, int device);
 // The family select_backend picks for a call with a fused epilogue (has_fused_epilogue): one of the
 // MoE families, the only ones that run it.

@@ -222,6 +222,20 @@ def test_launches_per_call(backend, launches, new_output):
         assert "MoeGemmKernel" in names[0], names
 
 
+def test_few_experts_pick_follows_the_dram():
+    # Mixtral and Llama 4 Scout prefill: the 64-row pingpong tile where DRAM is fast (the H200, and
+    # device=-1), the 128-row cooperative tile on an H100 (heuristics.cpp).
+    name = torch.cuda.get_device_name()
+    if torch.cuda.get_device_capability() != (9, 0) or not ("H100" in name or "H200" in name):
+        pytest.skip(f"the expected pick is known for the H100 and H200, not {name}")
+    expect = "sm90_cooperative_128x256x64_1x1x1" if "H100" in name else "sm90_pingpong_64x256x64_1x1x1"
+    for t, e, n, k in [(8192, 8, 28672, 4096), (4096, 16, 16384, 5120)]:
+        assert cutlass_moe.select_config(t, e, n, k, backend="moe") == ("moe", expect)
+        assert cutlass_moe.select_config(t, e, n, k, backend="moe", device=-1) == ("moe", "sm90_pingpong_64x256x64_1x1x1")
+    # Many experts are unaffected: gpt-oss-120b prefill takes the cooperative tile on both.
+    assert cutlass_moe.select_config(16384, 128, 5760, 2880, backend="moe")[1] == "sm90_cooperative_128x256x64_1x1x1"
+
+
 @requires_kernels
 def test_auto_config_and_new_output():
     skip_unless_built("auto", torch.bfloat16, "kn")

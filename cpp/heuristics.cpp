@@ -51,13 +51,14 @@ KernelConfig select_config(const MoeGemmProblem& problem, Backend backend, int d
     // Measurements: benchmarks/sweep_h200.json (benchmarks/NOTES.md, "The heuristic fitted on the
     // sweep").
     // The few-experts exception holds only where DRAM is fast: the pingpong tile reads each weight
-    // tile twice as often, and on an H100 (3.35 TB/s) the cooperative tile is 4-20% faster there
+    // tile twice as often, and on an H100 (3.35 TB/s) the cooperative tile is 8-20% faster there
     // (Mixtral and Llama 4 Scout prefill; benchmarks/NOTES.md, "The H100"). Planning without a
     // device (device < 0) takes the H200's rule.
     const bool fast_dram = device < 0 || device_facts(device).dram_tbps >= 4.0;
     const bool cooperative = rows_per_expert >= 2048
                                  ? problem.k >= 1536
-                                 : rows_per_expert > 64 && problem.k >= 2560 && (problem.num_experts >= 32 || !fast_dram);
+                                 : rows_per_expert > 64 && problem.k >= 2560 &&
+                                       (problem.num_experts >= 32 || !fast_dram);
     return cooperative ? KernelConfig::kSm90Cooperative_128x256x64_1x1x1 : KernelConfig::kSm90Pingpong_64x256x64_1x1x1;
   }
   // The 64x256 pingpong tile wastes the least on each expert's last, partial tile and overlaps one

@@ -372,7 +372,8 @@ def grouped_mlp(x: torch.Tensor, gate_up_weight: torch.Tensor, down_weight: torc
 
     ``fused``: in inference (no gradient recorded), the gate/up projection and the activation as
     :func:`cutlass_moe.moe_gemm_gated`'s one kernel where it runs (module docstring); else, and
-    always where a gradient is recorded, :func:`grouped_linear` then :func:`gated_activation`. The down projection is :func:`grouped_linear` either way."""
+    always where a gradient is recorded, :func:`grouped_linear` then :func:`gated_activation`.
+    The down projection is :func:`grouped_linear` either way."""
     _check_activation(activation)
     x, gate_up_weight, down_weight, gate_up_bias, down_bias = _autocast(x, gate_up_weight, down_weight, gate_up_bias,
                                                                        down_bias)

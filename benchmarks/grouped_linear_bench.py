@@ -133,6 +133,7 @@ def bench_linear(args, dtype) -> None:
     ref = loop_linear_fp32(ref_leaves[0], ref_leaves[1], ref_leaves[2] if bias is not None else None)
     ref.backward(dy.float())
     ref_grads = [t.grad for t in ref_leaves]
+    ref_y = ref.detach()
     errors = {}
     for name, fn in providers.items():
         y, grads = run_and_grads(fn, dy, leaves)
@@ -143,10 +144,22 @@ def bench_linear(args, dtype) -> None:
         errors[name] = ", ".join(parts)
     del ref, ref_leaves, ref_grads
 
+    # Forward only, in the same rounds: the two kernels GroupedLinear chooses between (cuBLAS's
+    # bmm/baddbmm on the strided views, our MoE kernel over interleaved groups), each forced.
+    from cutlass_moe.grouped_linear import _interleaved_linear, _interleaved_takes
+    xd, wd, bd = x.detach(), w.detach(), bias.detach() if bias is not None else None
+    forced = {"cuBLAS bmm/baddbmm": lambda: (torch.baddbmm(bd.unsqueeze(1), xd.transpose(0, 1), wd)
+                                             if bd is not None else torch.bmm(xd.transpose(0, 1), wd))}
+    if _interleaved_takes(xd, wd, bd):
+        y_moe = _interleaved_linear(xd, wd, bd)
+        errors["MoE kernel, interleaved"] = f"y {worst_group_rel(y_moe, ref_y, 1):.1e}"
+        forced["MoE kernel, interleaved"] = lambda: _interleaved_linear(xd, wd, bd)
     with torch.no_grad():
-        fwd = time_providers(providers, args.rounds, args.warmup_ms, args.rep_ms)
+        fwd = time_providers({**providers, **forced}, args.rounds, args.warmup_ms, args.rep_ms)
     both = time_providers({name: fwd_bwd(fn, dy, leaves) for name, fn in providers.items()}, args.rounds,
                           args.warmup_ms, args.rep_ms)
+    both.update({name: float("nan") for name in forced})
+    errors.setdefault("cuBLAS bmm/baddbmm", "(forward only)")
     flops = 2 * b * g * k * n
     print_table(f"linear: B={b} G={g} D_in={k} D_out={n} {args.dtype} bias={args.bias} "
                 f"({flops / fwd['GroupedLinear'] / 1e9:.0f} TFLOP/s forward for GroupedLinear)", fwd, both, errors)

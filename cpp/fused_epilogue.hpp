@@ -42,6 +42,7 @@ struct FusedEpilogue {
   bool gated;    // columns (2j, 2j + 1) are (gate, up): the epilogue stores N/2 columns
   float alpha;   // Activation::kSwigluOai
   float limit;
+  bool seed_bias = false;  // the kernel seeds the accumulators with the bias (seed); load and apply skip it
 
   template <int kPairs>
   struct Operands {
@@ -54,7 +55,7 @@ struct FusedEpilogue {
   CUTLASS_DEVICE Operands<kPairs> load(Coords const& coords, int expert, int first_row, int first_col) const {
     using cute::get;
     Operands<kPairs> operands;
-    if (bias != nullptr) {
+    if (bias != nullptr && !seed_bias) {
       // Into L1 without registers: apply() reads them after the mainloop (TMA and cp.async.cg
       // bypass L1, so the lines stay).
       const Element* bias_row = bias + int64_t(expert) * bias_stride;
@@ -73,13 +74,28 @@ struct FusedEpilogue {
     return operands;
   }
 
+  // Where the kernel seeds (seed_bias): the accumulators start as the bias of their columns, and
+  // the mainloop adds the products onto them, so no pass over them is left for the bias.
+  template <int kPairs, class Accumulators, class Coords>
+  CUTLASS_DEVICE void seed(Accumulators& accum, Coords const& coords, int expert, int first_col) const {
+    using cute::get;
+    const Element* bias_row = bias + int64_t(expert) * bias_stride;
+    CUTLASS_PRAGMA_UNROLL
+    for (int p = 0; p < kPairs; ++p) {
+      const int col = min(first_col + int(get<1>(coords(2 * p))), n - 2);  // even: a 4-byte pair
+      const auto pair = *reinterpret_cast<cutlass::Array<Element, 2> const*>(bias_row + col);
+      accum(2 * p) = float(pair[0]);
+      accum(2 * p + 1) = float(pair[1]);
+    }
+  }
+
   // accum: the thread's fragment, 2 kPairs values accum(i) in (even column, odd column) pairs; the
   // tile's expert `expert`, its first column `first_col`.
   template <class Accumulators, class Coords, int kPairs>
   CUTLASS_DEVICE void apply(Accumulators& accum, Coords const& coords, Operands<kPairs> const& operands, int expert,
                             int first_col) const {
     using cute::get;
-    if (bias != nullptr) {
+    if (bias != nullptr && !seed_bias) {
       const Element* bias_row = bias + int64_t(expert) * bias_stride;
       CUTLASS_PRAGMA_UNROLL
       for (int p = 0; p < kPairs; ++p) {

@@ -243,6 +243,40 @@ const char* config_name(KernelConfig config) {
   return "unknown";
 }
 
+namespace {
+
+// Interleaved groups (MoeGemmProblem::group_rows): every K block and stored slice of 64 columns
+// stays inside its own group's columns, and the views' columns fit in 32 bits.
+void check_interleaved_groups(const MoeGemmProblem& p) {
+  constexpr int64_t kMaxDim = (int64_t{1} << 31) - 1;
+  const int64_t cols = out_columns(p);
+  const int64_t groups = p.num_experts;
+  CUTLASS_MOE_CHECK_ARG(p.num_tokens == p.group_rows * groups,
+                        "x: T = " << p.num_tokens << " rows; interleaved groups need T = E * group_rows = " << groups
+                                  << " * " << p.group_rows);
+  CUTLASS_MOE_CHECK_ARG(p.k > 0 && p.k % 64 == 0,
+                        "x: K = " << p.k << " must be a positive multiple of 64 for interleaved groups (whole K "
+                                  "blocks: none reaches the next group's columns)");
+  CUTLASS_MOE_CHECK_ARG(cols % 64 == 0, "out: " << cols << " columns must be a multiple of 64 for interleaved groups "
+                                                           "(whole stored slices)");
+  CUTLASS_MOE_CHECK_ARG(p.x_group_stride >= p.k && p.x_group_stride % 8 == 0,
+                        "x: group stride of " << p.x_group_stride << " elements must be a multiple of 8 and >= K = "
+                                              << p.k);
+  CUTLASS_MOE_CHECK_ARG(p.out_group_stride >= cols && p.out_group_stride % 8 == 0,
+                        "out: group stride of " << p.out_group_stride << " elements must be a multiple of 8 and >= "
+                                                << cols << " (its columns)");
+  const int64_t x_cols = (groups - 1) * p.x_group_stride + p.k;
+  const int64_t out_cols = (groups - 1) * p.out_group_stride + cols;
+  CUTLASS_MOE_CHECK_ARG(p.ldx >= x_cols && x_cols <= kMaxDim,
+                        "x: row stride of " << p.ldx << " elements must cover every group, >= (E - 1) * group stride "
+                                               "+ K = " << x_cols << " (< 2^31)");
+  CUTLASS_MOE_CHECK_ARG(p.ldout >= out_cols && out_cols <= kMaxDim,
+                        "out: row stride of " << p.ldout << " elements must cover every group, >= (E - 1) * group "
+                                                 "stride + columns = " << out_cols << " (< 2^31)");
+}
+
+}  // namespace
+
 void check_layout(const MoeGemmProblem& p) {
   constexpr int64_t kMaxDim = (int64_t{1} << 31) - 1;  // CUTLASS problem shapes are int
   CUTLASS_MOE_CHECK_ARG(p.dtype == DType::kFloat16 || p.dtype == DType::kBFloat16,
@@ -258,7 +292,9 @@ void check_layout(const MoeGemmProblem& p) {
                         "weights: E = " << p.num_experts << " experts; expected 0 <= E < 2^31");
   CUTLASS_MOE_CHECK_ARG(p.n >= 0 && p.n <= kMaxDim, "weights: N = " << p.n << "; expected 0 <= N < 2^31");
   CUTLASS_MOE_CHECK_ARG(p.k >= 0 && p.k <= kMaxDim, "x: K = " << p.k << "; expected 0 <= K < 2^31");
+  CUTLASS_MOE_CHECK_ARG(p.group_rows >= 0, "x: group_rows = " << p.group_rows << "; expected >= 0 (0: sorted rows)");
   if (is_empty(p)) return;
+  if (has_interleaved_groups(p)) check_interleaved_groups(p);
   // TMA: 16-byte aligned base addresses and strides; CUTLASS also wants the contiguous extents in
   // whole 16-byte vectors.
   CUTLASS_MOE_CHECK_ARG(p.k % 8 == 0, "x: K = " << p.k << " must be a multiple of 8 (16 bytes, for TMA)");
@@ -296,8 +332,11 @@ void check_problem(const MoeGemmProblem& p) {
   CUTLASS_MOE_CHECK_ARG(reinterpret_cast<uintptr_t>(p.bias) % 4 == 0,
                         "bias: data pointer must be 4-byte aligned (pairs of columns are read together), got "
                             << address(p.bias));
+  CUTLASS_MOE_CHECK_ARG(!has_interleaved_groups(p) || p.row_scale == nullptr,
+                        "row_scale: not taken with interleaved groups (its rows are rows sorted by expert)");
   if (is_empty(p)) return;
-  CUTLASS_MOE_CHECK_ARG(p.tokens_per_expert != nullptr, "tokens_per_expert: null data pointer");
+  CUTLASS_MOE_CHECK_ARG(p.tokens_per_expert != nullptr || has_interleaved_groups(p),
+                        "tokens_per_expert: null data pointer");
   CUTLASS_MOE_CHECK_ARG(p.out != nullptr && aligned16(p.out),
                         "out: data pointer must be 16-byte aligned, got " << address(p.out));
   if (p.k == 0) return;
@@ -326,6 +365,12 @@ MoeGemmPlan plan_moe_gemm(const MoeGemmProblem& p, Backend backend, KernelConfig
                         "backend: unknown value " << static_cast<int>(backend));
   CUTLASS_MOE_CHECK_ARG(static_cast<int>(config) >= -1 && static_cast<int>(config) < kNumKernelConfigs,
                         "config: unknown value " << static_cast<int>(config));
+  if (has_interleaved_groups(p)) {
+    CUTLASS_MOE_CHECK_ARG(backend == Backend::kAuto || backend == Backend::kMoe,
+                          "backend: interleaved groups run in the sm90 MoE family ('moe'), got '"
+                              << backend_name(backend) << "'");
+    backend = Backend::kMoe;
+  }
   MoeGemmPlan plan;
   plan.backend = backend;
   plan.config = config;
@@ -365,6 +410,9 @@ void run_moe_gemm(const MoeGemmPlan& plan, const MoeGemmProblem& p, void* worksp
                         "'sm80_moe') with K > 0; "
                         "this call resolved to '"
                             << backend_name(plan.backend) << "' with K = " << p.k);
+  CUTLASS_MOE_CHECK_ARG(!has_interleaved_groups(p) || plan.backend == Backend::kMoe,
+                        "plan: interleaved groups run in the sm90 MoE family ('moe'); this plan resolved to '"
+                            << backend_name(plan.backend) << "'");
   // The MoE families zero a new output's unowned rows in the GEMM's own launch; the others, and
   // K == 0 (no GEMM), in a second launch.
   const bool folds_zero_fill = plan.backend == Backend::kMoe || plan.backend == Backend::kSm80Moe;

@@ -13,6 +13,10 @@
 //
 // Counts are clamped by expert_rows.hpp's rule, so no count vector places a tile outside x or out.
 //
+// Interleaved groups (MoeGemmProblem::group_rows, the forward only): with no count vector, every
+// expert has `group_rows` rows, each starting at row 0 of its own group (row_start 0); the kernel
+// finds the group's columns from the expert.
+//
 // How many row tiles an expert has is the RowTiles policy: the forward tiles the expert's rows
 // (RaggedRowTiles); the weight gradient tiles dW[e], whose size does not depend on the count
 // (FixedRowTiles), and the count is the tile's reduction length instead.
@@ -57,6 +61,7 @@ class ExpertTileScheduler {
     int num_tokens;
     int tiles_n;
     RowTiles row_tiles;
+    int group_rows = 0;  // tokens_per_expert null: interleaved groups of this many rows each
   };
 
   CUTLASS_DEVICE explicit ExpertTileScheduler(Params const& params)
@@ -85,7 +90,7 @@ class ExpertTileScheduler {
     t.expert = window_base_ + lane;
     t.m_tile = static_cast<int>(in_expert % m_tiles);
     t.n_tile = static_cast<int>(in_expert / m_tiles);
-    t.row_start = row_start;
+    t.row_start = params_.tokens_per_expert == nullptr ? 0 : row_start;  // interleaved: the group's row 0
     t.rows = rows;
     t.valid = true;
     return t;
@@ -111,10 +116,15 @@ class ExpertTileScheduler {
     window_base_ = base;
     window_first_tile_ = first_tile;
     const int expert = base + lane_;
+    const bool interleaved = params_.tokens_per_expert == nullptr;
     int64_t count = 0;
     if (expert < params_.num_experts) {
-      count = params_.counts_are_int64 ? static_cast<const int64_t*>(params_.tokens_per_expert)[expert]
-                                       : static_cast<const int32_t*>(params_.tokens_per_expert)[expert];
+      if (interleaved) {
+        count = params_.group_rows;
+      } else {
+        count = params_.counts_are_int64 ? static_cast<const int64_t*>(params_.tokens_per_expert)[expert]
+                                         : static_cast<const int32_t*>(params_.tokens_per_expert)[expert];
+      }
       count = clamp_count(count, params_.num_tokens);
     }
     const int64_t incl = warp_inclusive_sum(count, lane_);

@@ -459,8 +459,9 @@ def test_grouped_mlp_fused_kernel_only_in_inference_cuda(monkeypatch):
     from conftest import runs_here
     gl = sys.modules["cutlass_moe.grouped_linear"]  # the module: the package's attribute is the function
     calls = []
-    real = gl.moe_gemm_gated
+    real, real_interleaved = gl.moe_gemm_gated, gl._interleaved_linear
     monkeypatch.setattr(gl, "moe_gemm_gated", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    monkeypatch.setattr(gl, "_interleaved_linear", lambda *a, **kw: calls.append(1) or real_interleaved(*a, **kw))
     mlp = GroupedMLP(12, 128, 256, 64, device="cuda", dtype=BF16)
     x = torch.randn(40, 12, 128, device="cuda", dtype=BF16)
     y = mlp(x)
@@ -520,3 +521,106 @@ def test_autocast_cpu(module):
         want = layer(x.detach())  # fp32
     err = float((y.detach().float() - want).norm() / want.norm())
     assert err < REL[BF16], f"autocast output: relative error {err:.2e} against fp32"
+
+
+# ---- CUDA: the sm90 MoE kernel over interleaved groups ----------------------------------------------
+
+def _moe_configs():
+    from conftest import built_instances
+    return sorted({inst[4] for inst in built_instances() if inst[0] == "sm90" and inst[1] == "moe"})
+
+
+def _loop_gated(x, w, bias, activation):
+    """act(gate + bias) * (up + bias) per group in float32, gate and up interleaved column by column."""
+    from cutlass_moe.reference import gated_activation as ref_gated
+    h = loop_linear(x, w, bias)
+    return ref_gated(h[..., 0::2], h[..., 1::2], activation)
+
+
+@requires_cuda
+@pytest.mark.parametrize("gated", [False, True], ids=["plain", "gated"])
+@pytest.mark.parametrize("layout", ["kn", "nk"])
+@pytest.mark.parametrize("dtype", [BF16, FP16], ids=str)
+@pytest.mark.parametrize("shape", [(1, 3, 64, 128), (300, 5, 192, 256), (37, 12, 128, 128)],
+                         ids=["B1", "ragged", "G12"])
+def test_interleaved_kernel_cuda(shape, dtype, layout, gated):
+    # Every built sm90 moe config (the pingpong and the cooperative epilogue), with and without a
+    # bias, on x read in place from a wider tensor (group stride > K) into a given out whose
+    # neighbouring columns must stay untouched, against the float32 loop, group by group.
+    from conftest import is_built, runs_here
+    from cutlass_moe.grouped_linear import _interleaved_linear, _interleaved_takes
+    if not runs_here("moe") or not is_built("moe", dtype, layout):
+        pytest.skip("no sm90 moe kernel for this GPU, dtype and layout in this build")
+    b, g, k, n = shape
+    gen = torch.Generator().manual_seed(21)
+    x_wide = torch.randn(b, g, k + 64, generator=gen).to("cuda", dtype)
+    x = x_wide[:, :, 32:32 + k]                                  # group stride k + 64, 16-byte aligned
+    w = (torch.randn(g, k, n, generator=gen) * k ** -0.5).to("cuda", dtype)
+    if layout == "nk":
+        w = w.transpose(1, 2).contiguous().transpose(1, 2)       # (G, K, N) view of (G, N, K) storage
+    bias = torch.randn(g, n, generator=gen).to("cuda", dtype)
+    cols = n // 2 if gated else n
+    for config in _moe_configs():
+        for with_bias in (False, True):
+            bb = bias if with_bias else None
+            assert _interleaved_takes(x, w, bb, gated)
+            out_wide = torch.full((b, g, cols + 64), float("nan"), dtype=dtype, device="cuda")
+            out = out_wide[:, :, :cols]
+            activation = "silu" if gated else "none"
+            _interleaved_linear(x, w, bb, out, activation=activation, gated=gated, config=config)
+            what = f"{config}, bias={with_bias}"
+            assert bool(torch.isnan(out_wide[:, :, cols:]).all()), f"{what}: wrote past a group's columns"
+            ref = _loop_gated(x, w, bb, activation) if gated else loop_linear(x, w, bb)
+            check(out, ref, dtype, 1, what)
+            if not gated:  # a new output
+                check(_interleaved_linear(x, w, bb, config=config), ref, dtype, 1, what + ", new out")
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", [BF16, FP16], ids=str)
+def test_grouped_linear_bias_takes_interleaved_kernel_cuda(dtype, monkeypatch):
+    # With a bias, grouped_linear runs the MoE kernel where it takes the shape (bias in its
+    # epilogue, no baddbmm fill), forward and in the autograd forward; gradients stay cuBLAS's.
+    import sys
+    from conftest import is_built, runs_here
+    gl = sys.modules["cutlass_moe.grouped_linear"]
+    calls = []
+    real = gl._interleaved_linear
+    monkeypatch.setattr(gl, "_interleaved_linear", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    expected = runs_here("moe") and is_built("moe", dtype, "kn")
+    run_grouped_linear_case(64, 12, 128, 192, dtype, "cuda", "3d", True)
+    assert calls == ([1] if expected else [])
+    run_grouped_linear_case(64, 12, 136, 192, dtype, "cuda", "3d", True)   # K not a multiple of 64: baddbmm
+    assert calls == ([1] if expected else [])
+
+
+@requires_cuda
+def test_interleaved_bad_arguments_name_themselves_cuda():
+    # The core's checks of interleaved groups, through the binding: each names its argument.
+    from conftest import is_built, runs_here
+    from cutlass_moe import _C
+    from cutlass_moe.ops import _BACKENDS, _CONFIGS, _DTYPES, _LAYOUTS, _stream
+    if not runs_here("moe") or not is_built("moe", BF16, "kn"):
+        pytest.skip("no sm90 moe kernel for bf16 in this build")
+    b, g, k, n = 8, 4, 128, 128
+    x = torch.randn(b, g, k, device="cuda", dtype=BF16)
+    w = torch.randn(g, k, n, device="cuda", dtype=BF16)
+    out = torch.empty(b, g, n, device="cuda", dtype=BF16)
+
+    def run(k_=k, ldx=g * k, x_gs=k, ldout=g * n, out_gs=n, rows=b, n_=n):
+        plan = _C.plan(_DTYPES[BF16], _LAYOUTS["kn"], rows * g, g, n_, k_, _BACKENDS["moe"], _CONFIGS["auto"],
+                       torch.cuda.current_device(), True)
+        _C.run_interleaved(plan, x.data_ptr(), ldx, x_gs, w.data_ptr(), n_, k_ * n_, out.data_ptr(), ldout, out_gs,
+                           rows, 0, 0, _stream(torch.cuda.current_device()), 0, 0, 0, False, 1.702, 7.0)
+
+    run()  # the valid call
+    with pytest.raises(ValueError, match="x: K = 96 must be a positive multiple of 64"):
+        run(k_=96, x_gs=96, ldx=g * 96)
+    with pytest.raises(ValueError, match="out: 96 columns must be a multiple of 64"):
+        run(n_=96, out_gs=96, ldout=g * 96)
+    with pytest.raises(ValueError, match="x: group stride of 64 elements"):
+        run(x_gs=64)
+    with pytest.raises(ValueError, match="x: row stride of 256 elements must cover every group"):
+        run(ldx=256)
+    with pytest.raises(ValueError, match="out: row stride of 256 elements must cover every group"):
+        run(ldout=256)

@@ -125,6 +125,30 @@ PYBIND11_MODULE(_C, m) {
   // run with the fused epilogue: bias (E x N, x's dtype, row stride bias_stride), row_scale (T fp32),
   // activation (activations()), gated (out is T x N/2; alpha and limit for swiglu_oai).
   m.def("run_fused", run);
+  // Interleaved groups (MoeGemmProblem::group_rows): expert e's rows are x[b * ldx + e * x_group_stride]
+  // and out[b * ldout + e * out_group_stride], b < group_rows (the plan's T is E * group_rows); no
+  // counts, no row_scale.
+  m.def("run_interleaved", [](const MoeGemmPlan& plan, uintptr_t x, int64_t ldx, int64_t x_group_stride,
+                              uintptr_t weights, int64_t ldw, int64_t expert_stride, uintptr_t out, int64_t ldout,
+                              int64_t out_group_stride, int64_t group_rows, uintptr_t workspace,
+                              size_t workspace_bytes, uintptr_t stream, uintptr_t bias, int64_t bias_stride,
+                              int activation, bool gated, float alpha, float limit) {
+    MoeGemmProblem p = make_problem(static_cast<int>(plan.dtype), static_cast<int>(plan.weight_layout), 0,
+                                    plan.num_tokens, plan.num_experts, plan.n, plan.k, ldx, ldw, expert_stride, ldout);
+    p.x = reinterpret_cast<const void*>(x);
+    p.weights = reinterpret_cast<const void*>(weights);
+    p.out = reinterpret_cast<void*>(out);
+    p.group_rows = group_rows;
+    p.x_group_stride = x_group_stride;
+    p.out_group_stride = out_group_stride;
+    p.bias = reinterpret_cast<const void*>(bias);
+    p.bias_stride = bias_stride;
+    p.activation = static_cast<Activation>(activation);
+    p.gated = gated;
+    p.alpha = alpha;
+    p.limit = limit;
+    run_moe_gemm(plan, p, reinterpret_cast<void*>(workspace), workspace_bytes, reinterpret_cast<cudaStream_t>(stream));
+  });
   m.def("activations", [] {
     auto v = [](Activation a) { return static_cast<int>(a); };
     return std::vector<std::pair<std::string, int>>{{"none", v(Activation::kNone)},

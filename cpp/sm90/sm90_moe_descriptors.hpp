@@ -34,6 +34,25 @@ struct MoeProblemShape {
   int num_experts;  // E
 };
 
+// Where the experts' rows lie in x and out. Sorted by expert (group_rows 0): one ragged view over
+// the T rows. Interleaved groups (MoeGemmProblem::group_rows): expert e's rows are row 0 onwards
+// of one view of group_rows rows whose columns hold every group, e's starting at e * stride.
+struct MoeGroupLayout {
+  int group_rows = 0;
+  int64_t x_group_stride = 0;
+  int64_t out_group_stride = 0;
+
+  CUTLASS_HOST_DEVICE bool interleaved() const { return group_rows > 0; }
+  // The views' rows (their end rows run to rows + 1) and columns, given one group's columns.
+  CUTLASS_HOST_DEVICE int view_rows(int num_tokens) const { return interleaved() ? group_rows : num_tokens; }
+  CUTLASS_HOST_DEVICE int x_view_cols(int k, int num_experts) const {
+    return static_cast<int>(k + (num_experts - 1) * x_group_stride);
+  }
+  CUTLASS_HOST_DEVICE int out_view_cols(int cols, int num_experts) const {
+    return static_cast<int>(cols + (num_experts - 1) * out_group_stride);
+  }
+};
+
 // The last kEntries distinct keys and their values. make() runs under the lock; if it throws,
 // nothing is stored.
 template <class Value, int kEntries = 8>
@@ -68,17 +87,18 @@ class DescriptorCache {
 // with the expert as batch, built by the collective's own to_underlying_arguments. It takes one
 // batch extent L for both operands, while the views need T + 1 (x) and E (weights), so x's
 // descriptor comes from one call and the weights' from another; each is cached on its own key.
+// x's view has x_rows + 1 end rows and x_cols columns (T and K, unless groups are interleaved).
 template <class Mainloop, int kTileM>
 typename Mainloop::Params make_mainloop_params(MoeProblemShape const& problem, void const* x, int64_t ldx,
-                                               void const* weights, int64_t ldw, int64_t expert_stride,
-                                               int device) {
+                                               int x_rows, int x_cols, void const* weights, int64_t ldw,
+                                               int64_t expert_stride, int device) {
   using namespace cute;
   using Params = typename Mainloop::Params;
   using ElementA = typename Mainloop::InternalElementA;
   static DescriptorCache<decltype(Params::tma_load_a)> x_cache;
   static DescriptorCache<Params> weight_cache;
 
-  const int t = problem.num_tokens, n = problem.n, k = problem.k, e = problem.num_experts;
+  const int n = problem.n, k = problem.k, e = problem.num_experts;
   // A batch stride of 0 is no valid tensor map stride; any 16-byte multiple serves a batch of 1.
   const int64_t batch_stride = e > 1 ? expert_stride : ldw * (is_static_v<tuple_element_t<0, typename Mainloop::StrideB>> ? k : n);
   const auto ragged_x = reinterpret_cast<uintptr_t>(x) - uintptr_t(kTileM) * ldx * sizeof(ElementA);
@@ -89,13 +109,14 @@ typename Mainloop::Params make_mainloop_params(MoeProblemShape const& problem, v
   Params params = weight_cache.get(
       {reinterpret_cast<int64_t>(weights), e, int64_t(n) << 32 | k, ldw, batch_stride, device},
       [&] { return Mainloop::to_underlying_arguments(make_shape(kTileM, n, k, e), args, nullptr); });
-  params.tma_load_a = x_cache.get({reinterpret_cast<int64_t>(x), t, k, ldx, device, kTileM}, [&] {
-    return Mainloop::to_underlying_arguments(make_shape(kTileM, n, k, t + 1), args, nullptr).tma_load_a;
+  params.tma_load_a = x_cache.get({reinterpret_cast<int64_t>(x), x_rows, x_cols, ldx, device, kTileM}, [&] {
+    return Mainloop::to_underlying_arguments(make_shape(kTileM, n, x_cols, x_rows + 1), args, nullptr).tma_load_a;
   });
   return params;
 }
 
-// TMA store of out through the ragged view (kRows, N, T + 1), in boxes of SmemLayout.
+// TMA store of out through the ragged view (kRows, cols, rows + 1), in boxes of SmemLayout (cols and
+// rows: out's, or the interleaved groups' view).
 template <class Element, int kRows, class SmemLayout>
 struct RaggedStore {
   using Tma = decltype(cute::make_tma_copy(
@@ -104,14 +125,13 @@ struct RaggedStore {
                         cute::make_layout(cute::make_shape(0, 0, 0), cute::make_stride(int64_t(0), cute::_1{}, int64_t(0)))),
       SmemLayout{}));
 
-  static Tma make(MoeProblemShape const& problem, void* out, int64_t ldout, int device) {
+  static Tma make(int rows, int cols, void* out, int64_t ldout, int device) {
     using namespace cute;
     static DescriptorCache<Tma> cache;
-    return cache.get({reinterpret_cast<int64_t>(out), problem.num_tokens, problem.n, ldout, device, kRows}, [&] {
+    return cache.get({reinterpret_cast<int64_t>(out), rows, cols, ldout, device, kRows}, [&] {
       const auto base = reinterpret_cast<uintptr_t>(out) - uintptr_t(kRows) * ldout * sizeof(Element);
       auto view = make_tensor(make_gmem_ptr(reinterpret_cast<Element*>(base)),
-                              make_layout(make_shape(int{kRows}, problem.n, problem.num_tokens + 1),
-                                          make_stride(ldout, _1{}, ldout)));
+                              make_layout(make_shape(int{kRows}, cols, rows + 1), make_stride(ldout, _1{}, ldout)));
       return make_tma_copy(SM90_TMA_STORE{}, view, SmemLayout{});
     });
   }

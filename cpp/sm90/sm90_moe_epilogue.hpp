@@ -89,13 +89,15 @@ class PingpongStagedEpilogue {
   struct Params {
     Element* out;
     int64_t ldout;
-    int out_cols;  // N, or N/2 when gated
+    int64_t group_stride;  // interleaved groups: between the groups' first columns; else 0
+    int out_cols;          // N, or N/2 when gated
     bool gated;
     typename Fusion::Params fusion;
   };
 
-  static Params to_underlying_arguments(MoeProblemShape const& problem, Arguments const& args, int /*device*/) {
-    return {args.ptr_out, args.ldout, args.gated ? problem.n / 2 : problem.n, args.gated,
+  static Params to_underlying_arguments(MoeProblemShape const& problem, MoeGroupLayout const& groups,
+                                        Arguments const& args, int /*device*/) {
+    return {args.ptr_out, args.ldout, groups.out_group_stride, args.gated ? problem.n / 2 : problem.n, args.gated,
             Fusion::to_underlying_arguments(args.fusion)};
   }
 
@@ -141,7 +143,7 @@ class PingpongStagedEpilogue {
     const int first_out_col = first_col / kPack;
     const int rows_left = tile.rows - tile.m_tile * kTileM;
     const int cols_left = params_.out_cols - first_out_col;  // a multiple of 8: vectors are all in or all out
-    Element* out = params_.out + int64_t(first_row) * params_.ldout + first_out_col;
+    Element* out = params_.out + int64_t(first_row) * params_.ldout + tile.expert * params_.group_stride + first_out_col;
 
     CUTLASS_PRAGMA_UNROLL
     for (int slice = 0; slice < kTileN / (kCols * kPack); ++slice) {
@@ -314,18 +316,22 @@ class CooperativeTmaStoreEpilogue {
     typename Fusion::Arguments fusion;
   };
   struct Params {
-    typename Store::Tma tma_store;  // out: num_tokens x out_cols
+    typename Store::Tma tma_store;  // out: view_rows x view_cols
     int out_cols;                   // N, or N/2 when gated
-    int num_tokens;
+    int view_rows;                  // T, or an interleaved group's rows
+    int view_cols;                  // out_cols, or every interleaved group's columns
+    int64_t group_stride;           // interleaved groups: between the groups' first columns; else 0
     bool gated;
     typename Fusion::Params fusion;
   };
 
-  static Params to_underlying_arguments(MoeProblemShape const& problem, Arguments const& args, int device) {
-    MoeProblemShape out_shape = problem;
-    out_shape.n = args.gated ? problem.n / 2 : problem.n;
-    return {Store::make(out_shape, args.ptr_out, args.ldout, device), out_shape.n, problem.num_tokens, args.gated,
-            Fusion::to_underlying_arguments(args.fusion)};
+  static Params to_underlying_arguments(MoeProblemShape const& problem, MoeGroupLayout const& groups,
+                                        Arguments const& args, int device) {
+    const int out_cols = args.gated ? problem.n / 2 : problem.n;
+    const int view_rows = groups.view_rows(problem.num_tokens);
+    const int view_cols = groups.out_view_cols(out_cols, problem.num_experts);
+    return {Store::make(view_rows, view_cols, args.ptr_out, args.ldout, device), out_cols, view_rows, view_cols,
+            groups.out_group_stride, args.gated, Fusion::to_underlying_arguments(args.fusion)};
   }
 
   CUTLASS_DEVICE static void prefetch_tma_descriptors(Params const& params) {
@@ -361,12 +367,14 @@ class CooperativeTmaStoreEpilogue {
     const int rows = min(int{kRows}, tile.rows - tile.m_tile * kTileM - part_row);
     if (rows <= 0) return;  // no rows of the expert in this part (and no box wholly outside the view)
     const int row_start = tile.row_start + tile.m_tile * kTileM + part_row;
-    const int first_col = tile.n_tile * kTileN / kPack;  // of out
+    const int first_col = tile.n_tile * kTileN / kPack;  // of out (of the expert's group)
     const int cols_left = params_.out_cols - first_col;
     // The box at (kRows - rows, col, row_start + rows) of the ragged view holds out[row_start, +rows)
     // in its first rows; its other rows are outside the view, and TMA does not write them.
-    Tensor mD = params_.tma_store.get_tma_tensor(make_shape(int{kRows}, params_.out_cols, params_.num_tokens + 1));
-    Tensor gD = domain_offset(make_coord(kRows - rows, first_col, row_start + rows), mD)(_, _, 0);
+    // Interleaved groups: the group's columns start at expert * group_stride of the view.
+    Tensor mD = params_.tma_store.get_tma_tensor(make_shape(int{kRows}, params_.view_cols, params_.view_rows + 1));
+    const int view_col = static_cast<int>(tile.expert * params_.group_stride) + first_col;
+    Tensor gD = domain_offset(make_coord(kRows - rows, view_col, row_start + rows), mD)(_, _, 0);
     auto tma_store = params_.tma_store.get_slice(Int<0>{});
 
     Fusion fusion(params_.fusion);

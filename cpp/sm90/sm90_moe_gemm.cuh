@@ -42,9 +42,12 @@ void MoeGemmInstance<kDType, kLayout, kConfig>::run(const MoeGemmProblem& p, voi
   args.fused = {static_cast<Element const*>(p.bias), p.bias_stride, p.row_scale, static_cast<int>(p.activation),
                 static_cast<int>(p.num_tokens), static_cast<int>(p.n), has_fused_epilogue(p), p.gated,
                 p.alpha, p.limit};
-  args.tokens_per_expert = p.tokens_per_expert;
+  args.fused.seed_bias = Kernel::kSeedsBias && p.bias != nullptr;
+  const bool interleaved = has_interleaved_groups(p);
+  args.tokens_per_expert = interleaved ? nullptr : p.tokens_per_expert;
   args.counts_are_int64 = p.count_type == IndexType::kInt64;
-  args.zero_unowned = p.zero_unowned;
+  args.zero_unowned = p.zero_unowned && !interleaved;  // interleaved groups own every row
+  if (interleaved) args.groups = {static_cast<int>(p.group_rows), p.x_group_stride, p.out_group_stride};
   // One CTA per SM: the kernel takes all of shared memory (checked below).
   args.hw_info.device_id = device;
   args.hw_info.sm_count = sm_count;

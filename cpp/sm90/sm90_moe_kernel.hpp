@@ -57,6 +57,13 @@ class MoeGemmKernel {
   static constexpr int kTileK = cute::size<2>(TileShape{});
   static_assert(cute::size(typename Config::ClusterShape{}) == 1, "the MoE kernel runs without clusters");
 
+  // bf16 seeds the accumulators with the fused bias (FusedEpilogue::seed_bias, set on the host):
+  // the mainloop adds the products onto it, and no bias pass is left after the mainloop, which
+  // cost 28% at PR #263's grouped-linear shape and 2% on gpt-oss (benchmarks/NOTES.md). fp16 does
+  // not: its seeded instances made ptxas serialize the WGMMAs (C7515), whatever moved the
+  // converted bias into the accumulators; it adds the bias after the mainloop.
+  static constexpr bool kSeedsBias = std::is_same_v<Element, cutlass::bfloat16_t>;
+
   static constexpr int kConsumers    = 2;                                        // math warp groups
   static constexpr int kProducerRegs = 40;                                       // setmaxnreg budgets, as
   static constexpr int kConsumerRegs = 232;                                      // CUTLASS's pingpong kernel
@@ -108,9 +115,10 @@ class MoeGemmKernel {
     int64_t expert_stride;
     typename CollectiveEpilogue::Arguments epilogue;  // out and the fusion's arguments
     FusedEpilogue<Element> fused;
-    void const* tokens_per_expert;
+    void const* tokens_per_expert;  // null: interleaved groups (groups)
     bool counts_are_int64;
     bool zero_unowned;  // a new output: also zero the rows no expert owns (after the tiles)
+    MoeGroupLayout groups;  // where the experts' rows lie: sorted by expert, or interleaved groups
     cutlass::KernelHardwareInfo hw_info;  // device_id and sm_count
   };
 
@@ -130,20 +138,39 @@ class MoeGemmKernel {
     int max_ctas;  // persistent CTAs: SMs x resident CTAs per SM
     FusedEpilogue<Element> fused;
     UnownedRows unowned;
+    MoeGroupLayout groups;
   };
 
   // Sizes and strides the kernel takes: TMA wants 16-byte multiples; the ragged views keep row and
   // tile arithmetic in 32 bits (T <= kMaxTokens, checked with the other arguments in moe_gemm.cpp).
+  // Interleaved groups: K and out's columns in whole K blocks and stored slices (64 columns), so
+  // that no box reaches the next group's columns, and no row scale (its rows are sorted rows).
   static bool can_implement(Arguments const& args) {
     MoeProblemShape const& p = args.problem;
+    MoeGroupLayout const& groups = args.groups;
     if (p.num_tokens <= 0 || p.n <= 0 || p.k <= 0 || p.num_experts <= 0) return false;
     if (int64_t(p.num_tokens) + kTileM >= (int64_t{1} << 31)) return false;
-    if (args.tokens_per_expert == nullptr) return false;
+    if ((args.tokens_per_expert == nullptr) != groups.interleaved()) return false;
+    if (groups.interleaved()) {
+      const int out_cols = args.epilogue.gated ? p.n / 2 : p.n;
+      if (int64_t(groups.group_rows) * p.num_experts != p.num_tokens || p.k % kTileK != 0 || out_cols % 64 != 0 ||
+          args.fused.row_scale != nullptr || args.zero_unowned || groups.x_group_stride < p.k ||
+          groups.out_group_stride < out_cols || groups.x_group_stride % kAlignment != 0 ||
+          groups.out_group_stride % kAlignment != 0 ||
+          args.ldx < int64_t(p.num_experts - 1) * groups.x_group_stride + p.k ||
+          args.epilogue.ldout < int64_t(p.num_experts - 1) * groups.out_group_stride + out_cols ||
+          int64_t(p.num_experts - 1) * groups.x_group_stride + p.k >= (int64_t{1} << 31) ||
+          int64_t(p.num_experts - 1) * groups.out_group_stride + out_cols >= (int64_t{1} << 31)) {
+        return false;
+      }
+    }
     const int64_t batch = p.num_experts > 1 ? args.expert_stride : 0;
     using Mainloop = CollectiveMainloop;
     typename Mainloop::Arguments mainloop{args.ptr_x, leading_stride<typename Mainloop::StrideA>(args.ldx, args.ldx),
                                           args.ptr_weights, leading_stride<typename Mainloop::StrideB>(args.ldw, batch)};
-    return Mainloop::can_implement(cute::make_shape(kTileM, p.n, p.k, p.num_tokens + 1), mainloop) &&
+    const int x_rows = groups.view_rows(p.num_tokens);
+    const int x_cols = groups.x_view_cols(p.k, p.num_experts);
+    return Mainloop::can_implement(cute::make_shape(kTileM, p.n, x_cols, x_rows + 1), mainloop) &&
            Mainloop::can_implement(cute::make_shape(kTileM, p.n, p.k, p.num_experts), mainloop) &&
            args.ldx % kAlignment == 0 && args.ldw % kAlignment == 0 && args.expert_stride % kAlignment == 0 &&
            args.epilogue.ldout % kAlignment == 0 && p.n % kAlignment == 0;
@@ -155,15 +182,19 @@ class MoeGemmKernel {
     MoeProblemShape const& p = args.problem;
     const int device = args.hw_info.device_id;
     const int tiles_n = (p.n + kTileN - 1) / kTileN;
-    return {make_mainloop_params<CollectiveMainloop, kTileM>(p, args.ptr_x, args.ldx, args.ptr_weights, args.ldw,
-                                                             args.expert_stride, device),
-            CollectiveEpilogue::to_underlying_arguments(p, args.epilogue, device),
-            {args.tokens_per_expert, args.counts_are_int64, p.num_experts, p.num_tokens, tiles_n, {}},
+    MoeGroupLayout const& groups = args.groups;
+    return {make_mainloop_params<CollectiveMainloop, kTileM>(
+                p, args.ptr_x, args.ldx, groups.view_rows(p.num_tokens), groups.x_view_cols(p.k, p.num_experts),
+                args.ptr_weights, args.ldw, args.expert_stride, device),
+            CollectiveEpilogue::to_underlying_arguments(p, groups, args.epilogue, device),
+            {args.tokens_per_expert, args.counts_are_int64, p.num_experts, p.num_tokens, tiles_n, {},
+             groups.group_rows},
             p,
             args.hw_info.sm_count,
             args.fused,
             {args.zero_unowned ? args.epilogue.ptr_out : nullptr, args.epilogue.ldout,
-             args.epilogue.gated ? p.n / 2 : p.n}};
+             args.epilogue.gated ? p.n / 2 : p.n},
+            groups};
   }
 
   // Persistent: min(max_ctas, most tiles any count vector can make).
@@ -209,6 +240,79 @@ class MoeGemmKernel {
   CUTLASS_DEVICE static void apply_fused(Fused const& fused, Accumulators& accum, FusedOperands const& operands,
                                          MoeTile const& tile, int mma_thread) {
     fused.apply(accum, fragment_coords(mma_thread), operands, tile.expert, tile.n_tile * kTileN);
+  }
+
+  // Seeds the tile's accumulators with its bias where the kernel does (kSeedsBias, seed_bias);
+  // returns whether it did. Called before the mainloop's turn (pingpong: before the order
+  // barrier), so that the loads overlap what runs meanwhile.
+  template <class Accumulators>
+  CUTLASS_DEVICE static bool seed_accumulators(Params const& params, Accumulators& accum, MoeTile const& tile,
+                                               int mma_thread) {
+    if constexpr (kSeedsBias) {
+      if (params.fused.seed_bias) {
+        params.fused.template seed<kPairs>(accum, fragment_coords(mma_thread), tile.expert, tile.n_tile * kTileN);
+        return true;
+      }
+    }
+    return false;
+  }
+
+  // The tile's mainloop. Where the kernel seeds, mma_onto, which adds onto the seeded accumulators
+  // (or starts from zero); otherwise the collective's mma().
+  template <class Accumulators>
+  CUTLASS_DEVICE static void mainloop_mma(Params const& params, Pipeline& pipeline, PipelineState read_state,
+                                          Accumulators& accum, bool seeded, int k_tiles, int mma_thread,
+                                          typename CollectiveMainloop::TensorStorage& tensors) {
+    if constexpr (kSeedsBias) {
+      mma_onto(pipeline, read_state, accum, k_tiles, mma_thread, tensors, seeded);
+    } else {
+      CollectiveMainloop mainloop;
+      mainloop.mma(pipeline, read_state, accum, k_tiles, mma_thread, tensors, params.mainloop);
+    }
+  }
+
+  // The collective's pipelined WGMMA loop (one K block's MMAs in flight, its stage released one
+  // block later, the last by the collective's mma_tail), accumulating onto accum as it is
+  // (accumulate) or from zero: the first MMA's scale-d is a run-time predicate, so both start
+  // through the same instructions, and no other instruction writes the accumulators in between
+  // (ptxas would serialize the WGMMAs: C7515, seen where the zeros came from a clear() instead).
+  template <class Accumulators>
+  CUTLASS_DEVICE static void mma_onto(Pipeline& pipeline, PipelineState read_state, Accumulators& accum, int k_tiles,
+                                      int mma_thread, typename CollectiveMainloop::TensorStorage& tensors,
+                                      bool accumulate) {
+    using namespace cute;
+    static_assert(CollectiveMainloop::K_PIPE_MMAS == 1, "mma_onto keeps one K block in flight, as the collective");
+    Tensor sA = make_tensor(make_smem_ptr(tensors.smem_A.data()), typename CollectiveMainloop::SmemLayoutA{});
+    Tensor sB = make_tensor(make_smem_ptr(tensors.smem_B.data()), typename CollectiveMainloop::SmemLayoutB{});
+    TiledMma tiled_mma;
+    const int warp_group = __shfl_sync(0xffffffff, mma_thread / cutlass::NumThreadsPerWarpGroup, 0);
+    auto thread_mma = tiled_mma.get_slice(warp_group * cutlass::NumThreadsPerWarpGroup);
+    Tensor tCrA = thread_mma.make_fragment_A(thread_mma.partition_A(sA));  // (MMA, MMA_M, MMA_K, PIPE)
+    Tensor tCrB = thread_mma.make_fragment_B(thread_mma.partition_B(sB));  // (MMA, MMA_N, MMA_K, PIPE)
+    tiled_mma.accumulate_ = accumulate ? GMMA::ScaleOut::One : GMMA::ScaleOut::Zero;
+    PipelineState release_state = read_state;
+    warpgroup_fence_operand(accum);
+    CUTLASS_PRAGMA_NO_UNROLL
+    for (int k_tile = 0; k_tile < k_tiles; ++k_tile) {
+      pipeline.consumer_wait(read_state, pipeline.consumer_try_wait(read_state));
+      const int stage = read_state.index();
+      warpgroup_fence_operand(accum);
+      warpgroup_arrive();
+      CUTLASS_PRAGMA_UNROLL
+      for (int k_block = 0; k_block < size<2>(tCrA); ++k_block) {
+        cute::gemm(tiled_mma, tCrA(_, _, k_block, stage), tCrB(_, _, k_block, stage), accum);
+        tiled_mma.accumulate_ = GMMA::ScaleOut::One;
+      }
+      warpgroup_commit_batch();
+      warpgroup_wait<1>();  // the previous K block's MMAs are done: release its stage
+      warpgroup_fence_operand(accum);
+      if (k_tile > 0) {
+        pipeline.consumer_release(release_state);
+        ++release_state;
+      }
+      ++read_state;
+    }
+    warpgroup_fence_operand(accum);
   }
 };
 
@@ -258,7 +362,10 @@ CUTLASS_DEVICE void MoeGemmKernel<Element, LayoutB, Config, Fusion>::operator()(
     cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();
     if (!is_producer) return;
     // TMA coordinate tensors: x as the ragged view (kTileM, K, T + 1), weights as (N, K, E).
-    Tensor mA = params.mainloop.tma_load_a.get_tma_tensor(make_shape(Int<kTileM>{}, p.k, p.num_tokens + 1));
+    // Interleaved groups: x's view is (kTileM, every group's columns, group rows + 1).
+    MoeGroupLayout const& groups = params.groups;
+    Tensor mA = params.mainloop.tma_load_a.get_tma_tensor(
+        make_shape(Int<kTileM>{}, groups.x_view_cols(p.k, p.num_experts), groups.view_rows(p.num_tokens) + 1));
     Tensor mB = params.mainloop.tma_load_b.get_tma_tensor(make_shape(p.n, p.k, p.num_experts));
     auto write_state = cutlass::make_producer_start_state<Pipeline>();
     for (int64_t index = first;; index += grid) {
@@ -266,10 +373,12 @@ CUTLASS_DEVICE void MoeGemmKernel<Element, LayoutB, Config, Fusion>::operator()(
       if (!tile.valid) break;
       // x: the tile's rows [first_row, first_row + rows) are the box at (kTileM - rows, k,
       // first_row + rows) of the ragged view; TMA zero-fills its other rows without reading them.
+      // Interleaved groups: the expert's columns start at expert * x_group_stride (row_start is 0).
       // Weights: the batch mode is the expert.
       const int first_row = tile.row_start + tile.m_tile * kTileM;
       const int rows = min(int{kTileM}, tile.rows - tile.m_tile * kTileM);
-      Tensor gA = local_tile(domain_offset(make_coord(kTileM - rows, 0, first_row + rows), mA), TileShape{},
+      const int first_col = static_cast<int>(tile.expert * groups.x_group_stride);
+      Tensor gA = local_tile(domain_offset(make_coord(kTileM - rows, first_col, first_row + rows), mA), TileShape{},
                              make_coord(_, _, _), Step<_1, X, _1>{});  // (BLK_M, BLK_K, 1, k, l)
       Tensor gB = local_tile(domain_offset(make_coord(0, 0, tile.expert), mB), TileShape{}, make_coord(_, _, _),
                              Step<X, _1, _1>{});  // (BLK_N, BLK_K, n, k, l)
@@ -293,8 +402,9 @@ CUTLASS_DEVICE void MoeGemmKernel<Element, LayoutB, Config, Fusion>::operator()(
         Tensor accum = partition_fragment_C(tiled_mma, take<0, 2>(TileShape{}));
         FusedOperands fused;
         if (params.fused.enabled) fused = load_fused(params.fused, tile, group_thread);
+        const bool seeded = seed_accumulators(params, accum, tile, group_thread);
         math_order.wait();
-        mainloop.mma(pipeline, read_state, accum, k_tiles, group_thread, storage.tensors, params.mainloop);
+        mainloop_mma(params, pipeline, read_state, accum, seeded, k_tiles, group_thread, storage.tensors);
         math_order.arrive();
         mainloop.mma_tail(pipeline, read_state, k_tiles);
         read_state.advance(k_tiles * kConsumers);
@@ -312,7 +422,8 @@ CUTLASS_DEVICE void MoeGemmKernel<Element, LayoutB, Config, Fusion>::operator()(
         Tensor accum = partition_fragment_C(tiled_mma, take<0, 2>(TileShape{}));
         FusedOperands fused;
         if (params.fused.enabled) fused = load_fused(params.fused, tile, mma_thread);
-        mainloop.mma(pipeline, read_state, accum, k_tiles, mma_thread, storage.tensors, params.mainloop);
+        const bool seeded = seed_accumulators(params, accum, tile, mma_thread);
+        mainloop_mma(params, pipeline, read_state, accum, seeded, k_tiles, mma_thread, storage.tensors);
         mainloop.mma_tail(pipeline, read_state, k_tiles);
         read_state.advance(k_tiles);
         if (params.fused.enabled) apply_fused(params.fused, accum, fused, tile, mma_thread);

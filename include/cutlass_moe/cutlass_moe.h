@@ -147,6 +147,16 @@ struct MoeGemmProblem {
   float alpha = 1.702f;
   float limit = 7.0f;
 
+  // Interleaved groups: grouped_linear's (B, G, K) input read in place, with no token sort. When
+  // group_rows > 0, every expert owns group_rows rows and tokens_per_expert is not read: expert
+  // e's row b is x[b * ldx + e * x_group_stride] and out[b * ldout + e * out_group_stride], and
+  // T must be E * group_rows. Only the sm90 MoE family ('moe') runs it, with K and out's columns
+  // multiples of 64 (a K block or a stored slice never reaches the next group's columns) and no
+  // row_scale.
+  int64_t group_rows = 0;
+  int64_t x_group_stride = 0;
+  int64_t out_group_stride = 0;
+
   // A new output: also write zeros to the rows no expert owns, [min(sum of clamped counts, T), T),
   // so that out is fully defined at the cost of its tail alone. The MoE families do it inside the
   // GEMM's launch; the grouped families (and K == 0) launch zero_unowned_rows after the GEMM.
@@ -160,6 +170,9 @@ inline bool has_fused_epilogue(const MoeGemmProblem& p) {
 
 // The columns of out: N, or N/2 when gated.
 inline int64_t out_columns(const MoeGemmProblem& p) { return p.gated ? p.n / 2 : p.n; }
+
+// Whether `problem` reads its experts' rows as interleaved groups (MoeGemmProblem::group_rows).
+inline bool has_interleaved_groups(const MoeGemmProblem& p) { return p.group_rows > 0; }
 
 // Checks the enums, sizes and strides the kernels need (16-byte multiples for TMA and so on), not
 // the pointers: what a shape-only caller (a workspace query, a torch fake tensor) can be checked

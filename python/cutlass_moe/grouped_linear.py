@@ -24,7 +24,9 @@ What torch does with such views (measured with torch 2.13 on the CPU; on the GPU
   - With a bias, ``baddbmm`` first writes the broadcast bias into the output (``beta * self``),
     then accumulates the GEMM on it (cuBLAS with beta = 1). At PR #263's shape on the H200 that is
     0.45 ms, against 0.29 for the bmm without bias and 0.53 for the bmm followed by an in-place
-    broadcast add (torch's broadcast kernel runs well below bandwidth).
+    broadcast add (torch's broadcast kernel runs well below bandwidth). So on an sm90 GPU, where K
+    and N are multiples of 64, a projection with a bias is our MoE kernel instead, reading x's
+    groups in place with the bias in its epilogue (the section "interleaved groups" below).
   - ``out=`` cannot record a gradient ("functions with out=... arguments don't support automatic
     differentiation"), and Dynamo refuses an ``out=`` that is not contiguous ("Attempted to call op
     with non-contiguous `out=` tensor", a graph break). So eager calls that record a gradient go
@@ -39,8 +41,9 @@ What torch does with such views (measured with torch 2.13 on the CPU; on the GPU
 (G, K, 2H) weight, interleaved column by column (gate's column j at column 2j, up's at 2j + 1, the
 layout of :func:`cutlass_moe.moe_gemm_gated`). Where our fused gated kernel runs (a CUDA device
 whose MoE family, sm90 ``moe`` or ``sm80_moe``, takes the shapes), the gate/up projection and the
-activation are that one kernel, over x's rows copied group-major once (a (G * B, K) copy of x,
-against a (B, G, 2H) GEMM output and its elementwise passes saved); the down projection is
+activation are that one kernel: over x's groups in place where the sm90 kernel takes them as
+interleaved groups, else over x's rows copied group-major once (a (G * B, K) copy of x, against a
+(B, G, 2H) GEMM output and its elementwise passes saved); the down projection is
 :func:`grouped_linear`. Elsewhere (the CPU, ``fused=False``) and wherever a gradient is recorded
 (there the batched GEMMs on x in place are faster than the fused op's composite path), it is
 :func:`grouped_linear`, then
@@ -55,8 +58,11 @@ from typing import Optional, Tuple
 import torch
 from torch import nn
 
+from . import _C
 from .fused import FusedArgs, _runs_fused_kernel, gated_activation_of, interleave_gate_up, moe_gemm_gated
-from .ops import _check_tensor, _records_graph, _traced
+from .ops import _ACTIVATION_IDS, _BACKENDS, _CONFIGS, _DTYPES as _CORE_DTYPES  # the core's ids
+from .ops import (_check_tensor, _new_workspace, _on_device, _plan, _records_graph, _stream, _traced,
+                  _weight_layout)
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 GATED_MLP_ACTIVATIONS = ("silu", "gelu", "gelu_tanh", "relu")  # gelu: the erf form; gelu_tanh: tanh approximation
@@ -120,10 +126,94 @@ def _check_grouped_linear(x, weight, bias, out) -> torch.Tensor:
     return x
 
 
+# ---- the sm90 MoE kernel over interleaved groups -------------------------------------------------
+#
+# Our MoE kernel reads a (B, G, K) x in place as interleaved groups (MoeGemmProblem::group_rows in
+# cutlass_moe.h): group g's rows are x[:, g], its output columns out[:, g], and the fused epilogue
+# (bias, activation, the gated pair) comes with it. Where it runs (an sm90 device, K and the output
+# columns multiples of 64, 16-byte strides) it takes the projections with a bias, which baddbmm pays
+# for with a second pass over the output, and GroupedMLP's gated projection, with no group-major
+# copy of x.
+
+_INTERLEAVED_PLANS: dict = {}  # (shapes, strides, dtype, device, gated) -> (plan, x/weight strides) or None
+
+
+def _interleaved_call(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], gated: bool,
+                      config: str = "auto"):
+    """The MoE kernel's plan and strides for x (B, G, K) and weight (G, K, N) as interleaved groups,
+    or None where it does not take them. config: the heuristic's ("auto") or a built one (tests)."""
+    key = (x.shape, x.stride(), x.dtype, x.device, weight.shape, weight.stride(),
+           None if bias is None else bias.stride(), gated, config)
+    if key in _INTERLEAVED_PLANS:
+        return _INTERLEAVED_PLANS[key]
+    call = None
+    batch, groups, k = x.shape
+    n = weight.shape[2]
+    cols = n // 2 if gated else n
+    if (x.is_cuda and x.dtype in _CORE_DTYPES and batch > 0 and groups > 0 and k > 0 and k % 64 == 0
+            and cols % 64 == 0 and n % 2 == 0 and x.stride(2) == 1):
+        x_group_stride = x.stride(1) if groups > 1 else k
+        ldx = x.stride(0) if batch > 1 else (groups - 1) * x_group_stride + k
+        try:
+            layout, ldw = _weight_layout(weight, False, "weight")
+        except ValueError:
+            layout = ldw = None
+        expert_stride = weight.stride(0) if groups > 1 else 0
+        bias_ok = bias is None or (bias.stride(1) == 1 and bias.stride(0) % 2 == 0 and bias.stride(0) >= n)
+        if (layout is not None and bias_ok and all(v % 8 == 0 for v in (x_group_stride, ldx, ldw, expert_stride))
+                and x_group_stride >= k and ldx >= (groups - 1) * x_group_stride + k):
+            try:
+                plan = _plan(_CORE_DTYPES[x.dtype], layout, batch * groups, groups, n, k, _BACKENDS["moe"],
+                             _CONFIGS[config], x.device.index, True)
+                call = (plan, ldx, x_group_stride, ldw, expert_stride)
+            except (NotImplementedError, ValueError):  # no sm90 MoE kernel here for this dtype or layout
+                pass
+    _INTERLEAVED_PLANS[key] = call
+    return call
+
+
+def _interleaved_takes(x, weight, bias, gated: bool = False) -> bool:
+    """Whether the MoE kernel takes x (B, G, K) as interleaved groups (and the pointers' alignment)."""
+    if _traced(x, weight) or not x.is_cuda:
+        return False
+    if _interleaved_call(x, weight, bias, gated) is None:
+        return False
+    return x.data_ptr() % 16 == 0 and weight.data_ptr() % 16 == 0 and (bias is None or bias.data_ptr() % 4 == 0)
+
+
+def _interleaved_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                        out: Optional[torch.Tensor] = None, activation: str = "none", gated: bool = False,
+                        alpha: float = 1.702, limit: float = 7.0, config: str = "auto") -> torch.Tensor:
+    """out[b, g] = act(x[b, g] @ weight[g] + bias[g]) (gated: over (gate, up) column pairs, N/2
+    columns) by the MoE kernel over interleaved groups; _interleaved_takes(...) must hold. out: a
+    new contiguous (B, G, cols) tensor, or a given one whose last dimension is contiguous."""
+    plan, ldx, x_group_stride, ldw, expert_stride = _interleaved_call(x, weight, bias, gated, config)
+    batch, groups, _ = x.shape
+    cols = weight.shape[2] // 2 if gated else weight.shape[2]
+    if out is None:
+        out = torch.empty(batch, groups, cols, dtype=x.dtype, device=x.device)
+    out_group_stride = out.stride(1) if groups > 1 else cols
+    ldout = out.stride(0) if batch > 1 else (groups - 1) * out_group_stride + cols
+    device = x.device.index
+    ws_bytes = plan.workspace_bytes
+    workspace = _new_workspace(ws_bytes, x.device) if ws_bytes else None
+    _on_device(device, _C.run_interleaved, plan, x.data_ptr(), ldx, x_group_stride, weight.data_ptr(), ldw,
+               expert_stride, out.data_ptr(), ldout, out_group_stride, batch,
+               workspace.data_ptr() if ws_bytes else 0, ws_bytes, _stream(device),
+               bias.data_ptr() if bias is not None else 0, bias.stride(0) if bias is not None else 0,
+               _ACTIVATION_IDS[activation], gated, alpha, limit)
+    return out
+
+
 def _grouped_linear_impl(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
                          out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """x (B, G, K), any strides; writes (B, G, N) into out or a new contiguous tensor, in place
-    through its (G, B, N) view (see the module docstring: no copy in or out)."""
+    through its (G, B, N) view (see the module docstring: no copy in or out). With a bias, our MoE
+    kernel over interleaved groups where it runs (the bias in its epilogue)."""
+    if bias is not None and _interleaved_takes(x, weight, bias) and (
+            out is None or (out.stride(2) == 1 and all(v % 8 == 0 for v in out.stride()[:2])
+                            and out.data_ptr() % 16 == 0)):
+        return _interleaved_linear(x, weight, bias, out)
     if out is None:
         out = torch.empty(x.shape[0], x.shape[1], weight.shape[2], dtype=x.dtype, device=x.device)
     if bias is None:
@@ -388,10 +478,13 @@ def grouped_mlp(x: torch.Tensor, gate_up_weight: torch.Tensor, down_weight: torc
     # training at PR #263's shape (benchmarks/NOTES.md, "GroupedMLP in training").
     if (fused and not _records_graph(x, gate_up_weight, gate_up_bias)
             and _gated_kernel_takes(x, gate_up_weight, gate_up_bias, activation)):
-        rows = x.transpose(0, 1).reshape(groups * batch, k)             # group-major: one copy of x
-        counts = torch.full((groups,), batch, dtype=torch.int32, device=x.device)
-        a = moe_gemm_gated(rows, gate_up_weight, counts, activation=activation, bias=gate_up_bias)
-        a = a.view(groups, batch, -1).transpose(0, 1)                   # (B, G, H), a view
+        if _interleaved_takes(x, gate_up_weight, gate_up_bias, gated=True):
+            a = _interleaved_linear(x, gate_up_weight, gate_up_bias, activation=activation, gated=True)  # (B, G, H)
+        else:
+            rows = x.transpose(0, 1).reshape(groups * batch, k)         # group-major: one copy of x
+            counts = torch.full((groups,), batch, dtype=torch.int32, device=x.device)
+            a = moe_gemm_gated(rows, gate_up_weight, counts, activation=activation, bias=gate_up_bias)
+            a = a.view(groups, batch, -1).transpose(0, 1)               # (B, G, H), a view
     else:
         a = gated_activation(grouped_linear(x, gate_up_weight, gate_up_bias), activation)  # (B, G, H)
     return grouped_linear(a, down_weight, down_bias)                    # (B, G, N)

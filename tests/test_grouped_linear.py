@@ -189,6 +189,18 @@ def check_no_copies(shape, dtype, device, bias):
     return backward
 
 
+def test_interleaved_out_predicate():
+    # Which given outs the interleaved kernel may store into (else grouped_linear takes baddbmm).
+    from cutlass_moe.grouped_linear import _interleaved_out_ok
+    base = torch.empty(8, 4, 256, dtype=BF16)
+    assert _interleaved_out_ok(base)
+    assert _interleaved_out_ok(torch.empty(8, 4, 320, dtype=BF16)[:, :, :256])    # wider rows, same groups
+    assert not _interleaved_out_ok(base.transpose(0, 1))                           # rows inside groups
+    assert not _interleaved_out_ok(torch.empty(8, 256, 4, dtype=BF16).transpose(1, 2))  # N not contiguous
+    assert not _interleaved_out_ok(base.as_strided((8, 4, 256), (512, 128, 1)))    # overlapping groups
+    assert not _interleaved_out_ok(base.view(-1)[4:4 + 8 * 4 * 252].view(8, 4, 252)[:, :, :248])  # odd strides
+
+
 @pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
 def test_no_copies_cpu(bias):
     # float32 on the CPU runs bmm on the strided views without any copy (bfloat16's CPU kernel

@@ -205,14 +205,21 @@ def _interleaved_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[to
     return out
 
 
+def _interleaved_out_ok(out: torch.Tensor) -> bool:
+    """Whether a given (B, G, N) out takes the interleaved kernel's stores: its last dimension
+    contiguous, 16-byte strides and address, groups and rows that do not overlap (else baddbmm)."""
+    batch, groups, n = out.shape
+    row, group = out.stride(0), out.stride(1)
+    return (out.stride(2) == 1 and row % 8 == 0 and group % 8 == 0 and out.data_ptr() % 16 == 0
+            and (groups == 1 or group >= n) and (batch == 1 or row >= (groups - 1) * group + n))
+
+
 def _grouped_linear_impl(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
                          out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """x (B, G, K), any strides; writes (B, G, N) into out or a new contiguous tensor, in place
     through its (G, B, N) view (see the module docstring: no copy in or out). With a bias, our MoE
     kernel over interleaved groups where it runs (the bias in its epilogue)."""
-    if bias is not None and _interleaved_takes(x, weight, bias) and (
-            out is None or (out.stride(2) == 1 and all(v % 8 == 0 for v in out.stride()[:2])
-                            and out.data_ptr() % 16 == 0)):
+    if bias is not None and _interleaved_takes(x, weight, bias) and (out is None or _interleaved_out_ok(out)):
         return _interleaved_linear(x, weight, bias, out)
     if out is None:
         out = torch.empty(x.shape[0], x.shape[1], weight.shape[2], dtype=x.dtype, device=x.device)

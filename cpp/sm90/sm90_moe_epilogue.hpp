@@ -345,7 +345,9 @@ class CooperativeTmaStoreEpilogue {
   }
 
   // Stores the consumer's rows [consumer * kRows, +kRows) of `tile`, clipped to the expert's rows
-  // and to out's columns by the ragged view, one TMA copy per slice.
+  // and to out's columns by the ragged view, one TMA copy per slice. Interleaved groups: the view
+  // holds every group's columns, so a group's own columns end on a slice boundary (a multiple of
+  // 64, checked on the host) and no slice reaches the next group.
   template <class Accumulators>
   CUTLASS_DEVICE void store(MoeTile const& tile, Accumulators const& accum) {
     if (params_.gated) {

@@ -135,7 +135,8 @@ def _check_grouped_linear(x, weight, bias, out) -> torch.Tensor:
 # for with a second pass over the output, and GroupedMLP's gated projection, with no group-major
 # copy of x.
 
-_INTERLEAVED_PLANS: dict = {}  # (x, weight and bias layouts, gated, config) -> (plan, ldx, x group stride, ldw, expert stride) or None
+# (x, weight and bias layouts, gated, config) -> (plan, ldx, x group stride, ldw, expert stride), or None
+_INTERLEAVED_PLANS: dict = {}
 
 
 def _interleaved_call(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], gated: bool,

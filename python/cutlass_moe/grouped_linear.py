@@ -139,10 +139,23 @@ def _check_grouped_linear(x, weight, bias, out) -> torch.Tensor:
 _INTERLEAVED_PLANS: dict = {}
 
 
-def _interleaved_call(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], gated: bool,
-                      config: str = "auto"):
-    """The MoE kernel's plan and strides for x (B, G, K) and weight (G, K, N) as interleaved groups,
-    or None where it does not take them. config: the heuristic's ("auto") or a built one (tests)."""
+def _group_strides(t: torch.Tensor, width: int) -> Optional[Tuple[int, int]]:
+    """(row stride, group stride) of a (B, G, width) tensor read as interleaved groups (a one-row or
+    one-group tensor's unused stride made up), or None where its last dimension is not contiguous,
+    a stride is not a 16-byte multiple, or groups or rows overlap."""
+    batch, groups, _ = t.shape
+    if t.stride(2) != 1:
+        return None
+    group = t.stride(1) if groups > 1 else width
+    row = t.stride(0) if batch > 1 else (groups - 1) * group + width
+    if row % 8 or group % 8 or group < width or row < (groups - 1) * group + width:
+        return None
+    return row, group
+
+
+def _interleaved_plan(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], gated: bool,
+                      config: str):
+    """_interleaved_call's part that depends on shapes and strides alone, cached."""
     key = (x.shape, x.stride(), x.dtype, x.device, weight.shape, weight.stride(),
            None if bias is None else bias.stride(), gated, config)
     if key in _INTERLEAVED_PLANS:
@@ -151,50 +164,56 @@ def _interleaved_call(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torc
     batch, groups, k = x.shape
     n = weight.shape[2]
     cols = n // 2 if gated else n
-    if (x.is_cuda and x.dtype in _CORE_DTYPES and batch > 0 and groups > 0 and k > 0 and k % 64 == 0
-            and cols % 64 == 0 and n % 2 == 0 and x.stride(2) == 1):
-        x_group_stride = x.stride(1) if groups > 1 else k
-        ldx = x.stride(0) if batch > 1 else (groups - 1) * x_group_stride + k
+    x_strides = _group_strides(x, k)
+    if (x.dtype in _CORE_DTYPES and batch > 0 and groups > 0 and k > 0 and k % 64 == 0 and cols % 64 == 0
+            and n % 2 == 0 and x_strides is not None):
         try:
             layout, ldw = _weight_layout(weight, False, "weight")
         except ValueError:
             layout = ldw = None
         expert_stride = weight.stride(0) if groups > 1 else 0
         bias_ok = bias is None or (bias.stride(1) == 1 and bias.stride(0) % 2 == 0 and bias.stride(0) >= n)
-        if (layout is not None and bias_ok and all(v % 8 == 0 for v in (x_group_stride, ldx, ldw, expert_stride))
-                and x_group_stride >= k and ldx >= (groups - 1) * x_group_stride + k):
+        if layout is not None and bias_ok and ldw % 8 == 0 and expert_stride % 8 == 0:
             try:
                 plan = _plan(_CORE_DTYPES[x.dtype], layout, batch * groups, groups, n, k, _BACKENDS["moe"],
                              _CONFIGS[config], x.device.index, True)
-                call = (plan, ldx, x_group_stride, ldw, expert_stride)
+                call = (plan, *x_strides, ldw, expert_stride)
             except (NotImplementedError, ValueError):  # no sm90 MoE kernel here for this dtype or layout
                 pass
     _INTERLEAVED_PLANS[key] = call
     return call
 
 
-def _interleaved_takes(x, weight, bias, gated: bool = False) -> bool:
-    """Whether the MoE kernel takes x (B, G, K) as interleaved groups (and the pointers' alignment)."""
+def _interleaved_call(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], gated: bool = False,
+                      config: str = "auto"):
+    """The MoE kernel's (plan, ldx, x group stride, ldw, expert stride) for x (B, G, K) and weight
+    (G, K, N) as interleaved groups, or None where it does not take them (traced or CPU tensors,
+    shapes, strides, pointers). config: the heuristic's ("auto") or a built one (tests)."""
     if _traced(x, weight) or not x.is_cuda:
-        return False
-    if _interleaved_call(x, weight, bias, gated) is None:
-        return False
-    return x.data_ptr() % 16 == 0 and weight.data_ptr() % 16 == 0 and (bias is None or bias.data_ptr() % 4 == 0)
+        return None
+    if x.data_ptr() % 16 or weight.data_ptr() % 16 or (bias is not None and bias.data_ptr() % 4):
+        return None
+    return _interleaved_plan(x, weight, bias, gated, config)
+
+
+def _interleaved_takes(x, weight, bias, gated: bool = False) -> bool:
+    """Whether the MoE kernel takes x (B, G, K) as interleaved groups."""
+    return _interleaved_call(x, weight, bias, gated) is not None
 
 
 def _interleaved_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
                         out: Optional[torch.Tensor] = None, activation: str = "none", gated: bool = False,
-                        alpha: float = 1.702, limit: float = 7.0, config: str = "auto") -> torch.Tensor:
+                        alpha: float = 1.702, limit: float = 7.0, config: str = "auto", call=None) -> torch.Tensor:
     """out[b, g] = act(x[b, g] @ weight[g] + bias[g]) (gated: over (gate, up) column pairs, N/2
-    columns) by the MoE kernel over interleaved groups; _interleaved_takes(...) must hold. out: a
-    new contiguous (B, G, cols) tensor, or a given one whose last dimension is contiguous."""
-    plan, ldx, x_group_stride, ldw, expert_stride = _interleaved_call(x, weight, bias, gated, config)
+    columns) by the MoE kernel over interleaved groups. call: _interleaved_call(...)'s answer, not
+    None (looked up here when not given). out: a new contiguous (B, G, cols) tensor, or a given
+    one that _interleaved_out_ok takes."""
+    plan, ldx, x_group_stride, ldw, expert_stride = call or _interleaved_call(x, weight, bias, gated, config)
     batch, groups, _ = x.shape
     cols = weight.shape[2] // 2 if gated else weight.shape[2]
     if out is None:
         out = torch.empty(batch, groups, cols, dtype=x.dtype, device=x.device)
-    out_group_stride = out.stride(1) if groups > 1 else cols
-    ldout = out.stride(0) if batch > 1 else (groups - 1) * out_group_stride + cols
+    ldout, out_group_stride = _group_strides(out, cols)
     device = x.device.index
     ws_bytes = plan.workspace_bytes
     workspace = _new_workspace(ws_bytes, x.device) if ws_bytes else None
@@ -209,10 +228,7 @@ def _interleaved_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[to
 def _interleaved_out_ok(out: torch.Tensor) -> bool:
     """Whether a given (B, G, N) out takes the interleaved kernel's stores: its last dimension
     contiguous, 16-byte strides and address, groups and rows that do not overlap (else baddbmm)."""
-    batch, groups, n = out.shape
-    row, group = out.stride(0), out.stride(1)
-    return (out.stride(2) == 1 and row % 8 == 0 and group % 8 == 0 and out.data_ptr() % 16 == 0
-            and (groups == 1 or group >= n) and (batch == 1 or row >= (groups - 1) * group + n))
+    return out.data_ptr() % 16 == 0 and _group_strides(out, out.shape[2]) is not None
 
 
 def _grouped_linear_impl(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
@@ -220,8 +236,9 @@ def _grouped_linear_impl(x: torch.Tensor, weight: torch.Tensor, bias: Optional[t
     """x (B, G, K), any strides; writes (B, G, N) into out or a new contiguous tensor, in place
     through its (G, B, N) view (see the module docstring: no copy in or out). With a bias, our MoE
     kernel over interleaved groups where it runs (the bias in its epilogue)."""
-    if bias is not None and _interleaved_takes(x, weight, bias) and (out is None or _interleaved_out_ok(out)):
-        return _interleaved_linear(x, weight, bias, out)
+    call = _interleaved_call(x, weight, bias) if bias is not None else None
+    if call is not None and (out is None or _interleaved_out_ok(out)):
+        return _interleaved_linear(x, weight, bias, out, call=call)
     if out is None:
         out = torch.empty(x.shape[0], x.shape[1], weight.shape[2], dtype=x.dtype, device=x.device)
     if bias is None:
@@ -486,8 +503,9 @@ def grouped_mlp(x: torch.Tensor, gate_up_weight: torch.Tensor, down_weight: torc
     # training at PR #263's shape (benchmarks/NOTES.md, "GroupedMLP in training").
     if (fused and not _records_graph(x, gate_up_weight, gate_up_bias)
             and _gated_kernel_takes(x, gate_up_weight, gate_up_bias, activation)):
-        if _interleaved_takes(x, gate_up_weight, gate_up_bias, gated=True):
-            a = _interleaved_linear(x, gate_up_weight, gate_up_bias, activation=activation, gated=True)  # (B, G, H)
+        call = _interleaved_call(x, gate_up_weight, gate_up_bias, gated=True)
+        if call is not None:                                            # x's groups in place: (B, G, H)
+            a = _interleaved_linear(x, gate_up_weight, gate_up_bias, activation=activation, gated=True, call=call)
         else:
             rows = x.transpose(0, 1).reshape(groups * batch, k)         # group-major: one copy of x
             counts = torch.full((groups,), batch, dtype=torch.int32, device=x.device)

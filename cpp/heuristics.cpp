@@ -1,10 +1,17 @@
 // Picks a kernel family and configuration from what the host knows without reading the counts:
 // the device's architecture, the average rows per expert (T / E), N and K.
 #include "cutlass_moe/cutlass_moe.h"
+#include "kernel_families.h"
 #include "launch_facts.h"
 
 namespace cutlass_moe {
 namespace {
+
+// Rows per expert (T / E), or an interleaved group's rows.
+int64_t expert_rows(const MoeGemmProblem& problem) {
+  if (problem.group_rows > 0) return problem.group_rows;
+  return problem.num_tokens / (problem.num_experts > 0 ? problem.num_experts : 1);
+}
 
 // On Ampere/Ada (no sm90 kernels): the sm80 MoE kernel, which needs no argument-building launch.
 Backend select_sm80_backend(const MoeGemmProblem&) { return Backend::kSm80Moe; }
@@ -33,6 +40,15 @@ Backend select_backend(const MoeGemmProblem& problem, int device) {
   return Backend::kMoe;
 }
 
+// Deferred stores take the cooperative tile's epilogue off the tensor cores' path (bf16; the kernel
+// also needs a K block per stored slice): 3-12% faster from 256 rows per expert on, on both GPUs
+// (benchmarks/NOTES.md, "Deferred cooperative stores"). With fewer rows they gain nothing, and cost
+// 7% on gpt-oss's uneven prefill on the H100: tiles that store take longer than tiles that do not,
+// and CTAs that drift apart re-read weight tiles from DRAM.
+bool defer_cooperative_stores(const MoeGemmProblem& problem) {
+  return problem.dtype == DType::kBFloat16 && problem.k >= 256 && expert_rows(problem) >= 256;
+}
+
 KernelConfig select_config(const MoeGemmProblem& problem, Backend backend, int device) {
   if (backend == Backend::kSm80Grouped || backend == Backend::kSm80Moe) {
     // Same reasoning as sm90: a 64-row tile wastes less on each expert's partial last tile.
@@ -54,11 +70,15 @@ KernelConfig select_config(const MoeGemmProblem& problem, Backend backend, int d
     // tile twice as often, and on an H100 (3.35 TB/s) the cooperative tile is 8-20% faster there
     // (Mixtral and Llama 4 Scout prefill; benchmarks/NOTES.md, "The H100"). Planning without a
     // device (device < 0) takes the H200's rule.
+    // Where the cooperative tile defers its stores (defer_cooperative_stores), its epilogue no
+    // longer idles the tensor cores, and it wins over the pingpong tile on both GPUs, by up to 12%
+    // (pingpong stays 2-4% ahead on qwen3-30b-prefill and seed000-g16, whose uneven splits make
+    // the cooperative CTAs drift apart).
     const bool fast_dram = device < 0 || device_facts(device).dram_tbps >= 4.0;
-    const bool cooperative = rows_per_expert >= 2048
-                                 ? problem.k >= 1536
-                                 : rows_per_expert > 64 && problem.k >= 2560 &&
-                                       (problem.num_experts >= 32 || !fast_dram);
+    const bool cooperative = defer_cooperative_stores(problem) || (rows_per_expert >= 2048
+                                              ? problem.k >= 1536
+                                              : rows_per_expert > 64 && problem.k >= 2560 &&
+                                                    (problem.num_experts >= 32 || !fast_dram));
     return cooperative ? KernelConfig::kSm90Cooperative_128x256x64_1x1x1 : KernelConfig::kSm90Pingpong_64x256x64_1x1x1;
   }
   // The 64x256 pingpong tile wastes the least on each expert's last, partial tile and overlaps one

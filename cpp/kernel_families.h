@@ -35,6 +35,12 @@
                     int sm_count, cudaStream_t stream);                                          \
   };
 
+namespace cutlass_moe {
+// Whether the sm90 MoE kernel's cooperative tiles store each tile while the next one's mainloop
+// runs (bf16, K >= 256; heuristics.cpp): where experts own a few hundred rows or more.
+bool defer_cooperative_stores(const MoeGemmProblem& problem);
+}  // namespace cutlass_moe
+
 namespace cutlass_moe::sm90 {
 CUTLASS_MOE_DECLARE_FAMILY(GroupedGemmInstance)
 CUTLASS_MOE_DECLARE_FAMILY(MoeGemmInstance)

@@ -252,18 +252,21 @@ def test_heuristic_picks_small_m_tiles_unless_experts_have_thousands_of_rows(t, 
     assert cutlass_moe.select_config(t, e, n, k, backend="grouped") == ("grouped", expect)
 
 
-# The rule fitted on benchmarks/sweep_h200.json (heuristics.cpp).
+# The rule fitted on benchmarks/sweep_h200.json, then the cooperative tile from 256 rows per expert
+# (bf16, K >= 256), where it defers its stores (heuristics.cpp).
 @pytest.mark.parametrize("t,e,n,k,expect", [
     (1024, 256, 4096, 7168, "sm90_pingpong_64x256x64_1x1x1"),       # dsv3-decode
-    (24576, 128, 1024, 1024, "sm90_pingpong_64x256x64_1x1x1"),      # seed000-g128
-    (32768, 128, 1536, 2048, "sm90_pingpong_64x256x64_1x1x1"),      # qwen3-30b-prefill: K = 2048
-    (24576, 32, 1024, 1024, "sm90_pingpong_64x256x64_1x1x1"),       # seed000-g32: 768 rows/expert, K = 1024
-    (8192, 8, 28672, 4096, "sm90_pingpong_64x256x64_1x1x1"),        # mixtral-prefill: 8 experts
-    (4096, 16, 16384, 5120, "sm90_pingpong_64x256x64_1x1x1"),       # seed001-llama4: 16 experts
-    (24576, 8, 1024, 1024, "sm90_pingpong_64x256x64_1x1x1"),        # seed000-g8: 3072 rows/expert, K = 1024
-    (30720, 12, 3072, 1024, "sm90_pingpong_64x256x64_1x1x1"),       # seed004-uniform: 2560 rows/expert, K = 1024
+    (24576, 128, 1024, 1024, "sm90_pingpong_64x256x64_1x1x1"),      # seed000-g128: 192 rows/expert
+    (32768, 128, 1536, 192, "sm90_pingpong_64x256x64_1x1x1"),       # 256 rows/expert, K = 192: no deferral
+    (32768, 128, 1536, 2048, "sm90_cooperative_128x256x64_1x1x1"),  # qwen3-30b-prefill: 256 rows/expert
+    (24576, 32, 1024, 1024, "sm90_cooperative_128x256x64_1x1x1"),   # seed000-g32: 768 rows/expert
+    (8192, 8, 28672, 4096, "sm90_cooperative_128x256x64_1x1x1"),    # mixtral-prefill: 8 experts
+    (4096, 16, 16384, 5120, "sm90_cooperative_128x256x64_1x1x1"),   # seed001-llama4: 16 experts
+    (24576, 8, 1024, 1024, "sm90_cooperative_128x256x64_1x1x1"),    # seed000-g8: 3072 rows/expert, K = 1024
+    (30720, 12, 3072, 1024, "sm90_cooperative_128x256x64_1x1x1"),   # seed004-uniform: 2560 rows/expert
     (32768, 256, 4096, 7168, "sm90_cooperative_128x256x64_1x1x1"),  # dsv3-prefill: deep K, 128 rows/expert
     (16384, 128, 5760, 2880, "sm90_cooperative_128x256x64_1x1x1"),  # gptoss-120b-prefill
+    (16384, 128, 5760, 1024, "sm90_pingpong_64x256x64_1x1x1"),      # 128 rows/expert, K = 1024
     (16384, 32, 5760, 2880, "sm90_cooperative_128x256x64_1x1x1"),   # gpt-oss-20b: 32 experts, 512 rows/expert
     (262144, 64, 2816, 2048, "sm90_cooperative_128x256x64_1x1x1"),  # 4096 rows/expert, K = 2048
 ])

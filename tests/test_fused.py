@@ -335,6 +335,33 @@ def test_gpu_gated_splits_and_out(backend, kind):
 
 
 @gpu
+@pytest.mark.parametrize("k", [256, 392])
+@pytest.mark.parametrize("trans_b", [False, True])
+@pytest.mark.parametrize("kind", ["random", "hot"])
+def test_gpu_cooperative_deferred_stores(kind, trans_b, k):
+    # bf16 cooperative tiles from 256 rows per expert store each tile while the next tile's first K
+    # blocks run (one slice per block, the fused operands loaded after the last). Several tiles per
+    # CTA, N's last tile partial (N = 1056), K = 256 (one K block per slice, none left) and 392 (a
+    # partial last block); plain, fused without a bias (a bias seeds instead), and gated.
+    config = "sm90_cooperative_128x256x64_1x1x1"
+    if f"sm90:moe:bf16:{'nk' if trans_b else 'kn'}:{config}" not in cutlass_moe.built_configs():
+        pytest.skip(f"{config} is not built for bf16 and this layout")
+    t, n, e = 16384, 1056, 16
+    x, w, _, scale, counts = make(t, k, n, e, torch.bfloat16, "cuda", trans_b, seed=11, kind=kind)
+    counts[1] = 0
+    counts[-1] += t - 5 - int(counts.sum())
+    kw = dict(trans_b=trans_b, backend="moe", config=config)
+    for activation, s in ((None, None), ("silu", None), (None, scale), ("gelu_tanh", scale)):
+        y = moe_gemm(x, w, counts.cuda(), activation=activation, row_scale=s, **kw)
+        check(y, moe_gemm_reference(x, w, counts, trans_b=trans_b, activation=activation, row_scale=s), counts, t)
+    half = n // 2
+    gate, up = (w[:, :half], w[:, half:]) if trans_b else (w[..., :half], w[..., half:])
+    wg = cutlass_moe.interleave_gate_up(gate, up, dim=1 if trans_b else -1)
+    y = cutlass_moe.moe_gemm_gated(x, wg, counts.cuda(), activation="silu", row_scale=scale, **kw)
+    check(y, separate_reference(x, gate, up, None, None, scale, counts, "silu", trans_b), counts, t)
+
+
+@gpu
 def test_gpu_gated_n_not_a_multiple_of_16_runs_the_composite():
     t, k, inter, e = 300, 64, 12, 3  # N = 24
     x, gate, up, bg, bu, scale, counts = make_gated(t, k, inter, e, torch.bfloat16, "cuda", seed=10)

@@ -10,8 +10,8 @@
 //   - CooperativeTmaStoreEpilogue (cooperative configs): both consumers finish each tile together,
 //     so a synchronous epilogue would idle the tensor cores. Each consumer writes 64-column slices
 //     into swizzled shared memory, and one of its threads stores each slice with an asynchronous TMA
-//     copy through the ragged view of out (sm90_moe_descriptors.hpp) while the consumer goes on to
-//     its next tile.
+//     copy through the ragged view of out (sm90_moe_descriptors.hpp). The kernel may defer the
+//     slices into the next tile's first K blocks, holding the tile's outputs in registers.
 //
 // The fusion interface (LinearFusion is the identity):
 //   Arguments, Params, to_underlying_arguments(Arguments)  host -> device parameters
@@ -232,22 +232,26 @@ class CooperativeSliceStaging {
   CUTLASS_DEVICE int thread_col() const { return thread_col_; }
 
   // Stages slice `slice` (output columns [slice * kStoreCols, +kStoreCols)) of the consumer's
-  // accumulators. kPack == 1: value(i, row, col) converts accum(i), accum(i + 1), which sit at
-  // (row, col), (row, col + 1) of the consumer's part, to two outputs. kPack == 2 (gated): each
-  // pair is one output, value(i, row, col) returns it, and the slice covers 2 kStoreCols
-  // accumulator columns. Then thread 0 of the consumer calls issue(sD) on the staged slice, to
-  // start its TMA store and commit it as one bulk group.
-  template <int kPack = 1, class Accumulators, class Value, class Issue>
-  CUTLASS_DEVICE void stage(int slice, Accumulators const& accum, Value&& value, Issue&& issue) {
+  // part of the tile, from values given per accumulator pair (i even: accumulators i and i + 1,
+  // which sit at (row, col), (row, col + 1) of the consumer's part). kPack == 1: value(i, row, col)
+  // returns the pair's two outputs. kPack == 2 (gated): each pair is one output, value(i, row, col)
+  // returns it, and the slice covers 2 kStoreCols accumulator columns. Then thread 0 of the
+  // consumer calls issue(sD) on the staged slice, to start its TMA store and commit it as one bulk
+  // group.
+  template <int kPack = 1, class Value, class Issue>
+  CUTLASS_DEVICE void stage(int slice, Value&& value, Issue&& issue) {
     using namespace cute;
     constexpr int kThreads = cutlass::NumThreadsPerWarpGroup;
     TiledMma tiled_mma;
     Tensor offsets = tiled_mma.get_thread_slice(0).partition_C(
         make_identity_tensor(make_shape(Int<kTileM>{}, Int<kTileN>{})));
-    static_assert(decltype(size(offsets))::value == decltype(size(accum))::value);
     const int slice_col = slice * kStoreCols;
-    const int swizzle = (thread_row_ % 8) ^ (thread_col_ / kChunk);
-    const int chunk_col = thread_col_ % kChunk;
+    // Opaque to the compiler here, so that it computes the stores' offsets at each slice instead of
+    // keeping up to 16 of them in registers across the kernel's mainloop (the cooperative kernel
+    // stages slices while its next tile's MMAs run, where registers are short).
+    int swizzle = (thread_row_ % 8) ^ (thread_col_ / kChunk);
+    int thread_offset = thread_row_ * kStoreCols + thread_col_ % kChunk;
+    asm volatile("" : "+r"(swizzle), "+r"(thread_offset));
 
     // Buffers alternate over the consumer's whole sequence of slices, across tiles: a tile may
     // store an odd number of slices (N's last tile), and restarting at buffer 0 would then
@@ -257,12 +261,12 @@ class CooperativeSliceStaging {
     if (thread_ == 0) tma_store_wait<kBuffers - 1>();  // this buffer's last store has read it
     cutlass::arch::NamedBarrier::sync(kThreads, consumer_);
     CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < size(accum); i += 2) {
+    for (int i = 0; i < size(offsets); i += 2) {
       const int row = get<0>(offsets(i));
       const int col = get<1>(offsets(i)) - slice_col * kPack;  // offsets(i + 1) is (row, col + 1)
       if (col >= 0 && col < kStoreCols * kPack) {
         if constexpr (kPack == 1) {
-          const int offset = (thread_row_ + row) * kStoreCols + (((col / kChunk) ^ swizzle) * kChunk) + chunk_col;
+          const int offset = thread_offset + row * kStoreCols + (((col / kChunk) ^ swizzle) * kChunk);
           *reinterpret_cast<cutlass::Array<Element, 2>*>(buffer + offset) =
               value(i, thread_row_ + row, slice_col + col + thread_col_);
         } else {
@@ -270,8 +274,8 @@ class CooperativeSliceStaging {
           // sit at columns 8j, 8j + 1) and thread_col_ / 2 < 4, so the sum stays in col / 2's chunk.
           static_assert(kChunk == 8, "a gated pair's column offset (< 4) stays inside its 8-element chunk");
           const int out_col = col / 2;
-          const int offset = (thread_row_ + row) * kStoreCols + (((out_col / kChunk) ^ swizzle) * kChunk) +
-                             out_col % kChunk + thread_col_ / 2;
+          const int offset = thread_offset - thread_col_ % kChunk + row * kStoreCols +
+                             (((out_col / kChunk) ^ swizzle) * kChunk) + out_col % kChunk + thread_col_ / 2;
           buffer[offset] = value(i, thread_row_ + row, slice_col + out_col + thread_col_ / 2);
         }
       }
@@ -299,13 +303,21 @@ class CooperativeSliceStaging {
 };
 
 // Cooperative MoE tiles: each consumer stores its rows of the tile through the ragged view of out,
-// two slices in flight.
+// two slices in flight. The stores may be deferred, so that the tensor cores do not wait for them:
+//   - hold() turns a finished tile's accumulators into its outputs, in registers (`held`, in the
+//     accumulators' layout), which frees the accumulators for the next tile;
+//   - store_slice(k, held) stages and stores slice k of the held tile; the kernel calls it right
+//     after issuing each of the next tile's first kSlices K blocks, so slice k is written while K
+//     block k's WGMMAs run;
+//   - store_all(held) stores every slice: right after hold() where the kernel does not defer, and
+//     the consumer's last tile.
 template <class Element, class TiledMma, int kTileM, int kTileN, class Fusion>
 class CooperativeTmaStoreEpilogue {
  public:
   using Staging = CooperativeSliceStaging<Element, TiledMma, kTileM, kTileN, /*kBuffers=*/2>;
   static constexpr int kRows = Staging::kRows;
   static constexpr int kStoreCols = Staging::kStoreCols;
+  static constexpr int kSlices = Staging::kSlices;  // per tile (a gated tile stores the first half)
   using Store = RaggedStore<Element, kRows, typename Staging::SmemLayout>;
   using SharedStorage = typename Staging::SharedStorage;
 
@@ -344,33 +356,99 @@ class CooperativeTmaStoreEpilogue {
     check_supported_fusion<Fusion>();
   }
 
-  // Stores the consumer's rows [consumer * kRows, +kRows) of `tile`, clipped to the expert's rows
-  // and to out's columns by the ragged view, one TMA copy per slice. Interleaved groups: the view
-  // holds every group's columns, so a group's own columns end on a slice boundary (a multiple of
-  // 64, checked on the host) and no slice reaches the next group.
+  // The registers hold() fills: one 32-bit word per accumulator pair, holding the pair's two
+  // outputs (a gated tile: its one output, in the low half).
   template <class Accumulators>
-  CUTLASS_DEVICE void store(MoeTile const& tile, Accumulators const& accum) {
+  CUTLASS_DEVICE static auto make_held(Accumulators const& accum) {
+    using namespace cute;
+    return make_tensor<uint32_t>(Int<decltype(size(accum))::value / 2>{});
+  }
+
+  // Takes `tile`'s outputs out of the accumulators: the fusion's values, or for a gated tile each
+  // pair's combined first value (the kernel's FusedEpilogue has made it). Every slice of the
+  // previous held tile must have been stored.
+  template <class Accumulators, class Held>
+  CUTLASS_DEVICE void hold(MoeTile const& tile, Accumulators const& accum, Held& held) {
+    using namespace cute;
+    Tensor offsets = TiledMma{}.get_thread_slice(0).partition_C(
+        make_identity_tensor(make_shape(Int<kTileM>{}, Int<kTileN>{})));
+    static_assert(decltype(size(offsets))::value == decltype(size(accum))::value);
+    static_assert(2 * decltype(size(held))::value == decltype(size(accum))::value);
+    cutlass::Array<Element, 2> out;
     if (params_.gated) {
-      store<2>(tile, accum);
+      out[1] = Element(0.f);
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < size(accum); i += 2) {
+        out[0] = Element(accum(i));
+        held(i / 2) = reinterpret_cast<uint32_t const&>(out);
+      }
     } else {
-      store<1>(tile, accum);
+      Fusion fusion(params_.fusion);
+      fusion.begin_tile(tile.expert);
+      const int row_start = tile.row_start + tile.m_tile * kTileM + consumer_ * kRows;
+      const int first_col = tile.n_tile * kTileN;
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < size(accum); i += 2) {
+        out = fusion.visit({accum(i), accum(i + 1)}, row_start + staging_.thread_row() + get<0>(offsets(i)),
+                           first_col + staging_.thread_col() + get<1>(offsets(i)));
+        held(i / 2) = reinterpret_cast<uint32_t const&>(out);
+      }
     }
+    tile_ = tile;
+    pending_ = true;
+  }
+
+  // Stores slice k of the held tile, if it has one; after the last slice, no tile is held. k is a
+  // run-time index: the unrolled loop below gives each slice its own code, with its columns known
+  // at compile time.
+  template <class Held>
+  CUTLASS_DEVICE void store_slice(int k, Held const& held) {
+    if (!pending_) return;
+    CUTLASS_PRAGMA_UNROLL
+    for (int slice = 0; slice < kSlices; ++slice) {
+      if (slice == k) store_slice_of(slice, held);
+    }
+    if (k == kSlices - 1) pending_ = false;
+  }
+
+  // Stores every slice of the held tile, if there is one; then none is held.
+  template <class Held>
+  CUTLASS_DEVICE void store_all(Held const& held) {
+    if (!pending_) return;
+    CUTLASS_PRAGMA_UNROLL
+    for (int slice = 0; slice < kSlices; ++slice) store_slice_of(slice, held);
+    pending_ = false;
   }
 
   CUTLASS_DEVICE void store_tail() { staging_.wait_all(); }
 
  private:
-  // kPack accumulator columns per output column: 1, or 2 for a gated tile (its (gate, up) pairs
-  // already combined into their first values by the fused epilogue).
-  template <int kPack, class Accumulators>
-  CUTLASS_DEVICE void store(MoeTile const& tile, Accumulators const& accum) {
+  // A gated tile has half as many slices.
+  template <class Held>
+  CUTLASS_DEVICE void store_slice_of(int slice, Held const& held) {
+    if (params_.gated) {
+      if (slice < Staging::kSlices / 2) store<2>(slice, held);
+    } else {
+      store<1>(slice, held);
+    }
+  }
+
+  // Stores slice `slice` of the consumer's rows [consumer * kRows, +kRows) of the held tile, clipped
+  // to the expert's rows and to out's columns by the ragged view, with one TMA copy. kPack
+  // accumulator columns per output column: 1, or 2 for a gated tile. Interleaved groups: the view
+  // holds every group's columns, so a group's own columns end on a slice boundary (a multiple of
+  // 64, checked on the host) and no slice reaches the next group.
+  template <int kPack, class Held>
+  CUTLASS_DEVICE void store(int slice, Held const& held) {
     using namespace cute;
+    MoeTile const& tile = tile_;
     const int part_row = consumer_ * kRows;  // first tile row of this consumer's part
     const int rows = min(int{kRows}, tile.rows - tile.m_tile * kTileM - part_row);
-    if (rows <= 0) return;  // no rows of the expert in this part (and no box wholly outside the view)
-    const int row_start = tile.row_start + tile.m_tile * kTileM + part_row;
     const int first_col = tile.n_tile * kTileN / kPack;  // of out (of the expert's group)
-    const int cols_left = params_.out_cols - first_col;
+    // No rows of the expert in this part (and no box wholly outside the view), or no columns of out
+    // left: the same for the whole consumer.
+    if (rows <= 0 || slice * kStoreCols >= params_.out_cols - first_col) return;
+    const int row_start = tile.row_start + tile.m_tile * kTileM + part_row;
     // The box at (kRows - rows, col, row_start + rows) of the ragged view holds out[row_start, +rows)
     // in its first rows; its other rows are outside the view, and TMA does not write them.
     // Interleaved groups: the group's columns start at expert * group_stride of the view.
@@ -378,31 +456,28 @@ class CooperativeTmaStoreEpilogue {
     const int view_col = static_cast<int>(tile.expert * params_.group_stride) + first_col;
     Tensor gD = domain_offset(make_coord(kRows - rows, view_col, row_start + rows), mD)(_, _, 0);
     auto tma_store = params_.tma_store.get_slice(Int<0>{});
-
-    Fusion fusion(params_.fusion);
-    fusion.begin_tile(tile.expert);
-    CUTLASS_PRAGMA_UNROLL
-    for (int slice = 0; slice < Staging::kSlices / kPack; ++slice) {
-      if (slice * kStoreCols >= cols_left) break;  // the same for the whole consumer
-      staging_.template stage<kPack>(
-          slice, accum,
-          [&](int i, int row, int col) {
-            if constexpr (kPack == 1) {
-              return fusion.visit({accum(i), accum(i + 1)}, row_start + row, first_col + col);
-            } else {
-              return Element(accum(i));
-            }
-          },
-          [&](auto const& sD) {
-            Tensor gD_slice = local_tile(gD, Shape<Int<kRows>, Int<kStoreCols>>{}, make_coord(0, slice));
-            copy(params_.tma_store, tma_store.partition_S(sD), tma_store.partition_D(gD_slice));
-          });
-    }
+    staging_.template stage<kPack>(
+        slice,
+        [&](int i, int, int) {
+          const uint32_t word = held(i / 2);
+          auto const& pair = reinterpret_cast<cutlass::Array<Element, 2> const&>(word);
+          if constexpr (kPack == 1) {
+            return pair;
+          } else {
+            return pair[0];
+          }
+        },
+        [&](auto const& sD) {
+          Tensor gD_slice = local_tile(gD, Shape<Int<kRows>, Int<kStoreCols>>{}, make_coord(0, slice));
+          copy(params_.tma_store, tma_store.partition_S(sD), tma_store.partition_D(gD_slice));
+        });
   }
 
   Params const& params_;
   Staging staging_;
   int consumer_;
+  MoeTile tile_{};        // the held tile
+  bool pending_ = false;  // whether a held tile has slices left to store
 };
 
 }  // namespace cutlass_moe::sm90

@@ -48,6 +48,7 @@ void MoeGemmInstance<kDType, kLayout, kConfig>::run(const MoeGemmProblem& p, voi
   args.counts_are_int64 = p.count_type == IndexType::kInt64;
   args.zero_unowned = p.zero_unowned && !interleaved;  // interleaved groups own every row
   if (interleaved) args.groups = {static_cast<int>(p.group_rows), p.x_group_stride, p.out_group_stride};
+  args.defer_stores = defer_cooperative_stores(p);
   // One CTA per SM: the kernel takes all of shared memory (checked below).
   args.hw_info.device_id = device;
   args.hw_info.sm_count = sm_count;

@@ -15,7 +15,8 @@
 // Warp group 0 produces (one warp issues the TMA loads); warp groups 1 and 2 consume:
 //   - pingpong: they take alternate tiles; an order barrier lets only one of them issue WGMMAs at a
 //     time, so one tile's epilogue overlaps the other's mainloop;
-//   - cooperative: both work on every tile, each on half of its rows.
+//   - cooperative: both work on every tile, each on half of its rows; in bf16 from 256 rows per
+//     expert, each tile's stores run while the next tile's first K blocks do (cooperative_tiles).
 #pragma once
 
 #include "sm90/sm90_tma_encode.hpp"  // first: routes every TMA encode through a checked call
@@ -63,6 +64,9 @@ class MoeGemmKernel {
   // not: its seeded instances made ptxas serialize the WGMMAs (C7515), whatever moved the
   // converted bias into the accumulators; it adds the bias after the mainloop.
   static constexpr bool kSeedsBias = std::is_same_v<Element, cutlass::bfloat16_t>;
+  // Cooperative tiles: bf16 stores each tile while the next tile's first K blocks run (when it does
+  // not seed). fp16 stores each tile after its mainloop: its deferred stores drew C7515 as well.
+  static constexpr bool kDefersStores = std::is_same_v<Element, cutlass::bfloat16_t>;
 
   static constexpr int kConsumers    = 2;                                        // math warp groups
   static constexpr int kProducerRegs = 40;                                       // setmaxnreg budgets, as
@@ -119,6 +123,8 @@ class MoeGemmKernel {
     bool counts_are_int64;
     bool zero_unowned;  // a new output: also zero the rows no expert owns (after the tiles)
     MoeGroupLayout groups;  // where the experts' rows lie: sorted by expert, or interleaved groups
+    bool defer_stores = true;  // cooperative tiles: store each tile during the next one's mainloop
+                               // (the host's choice: defer_cooperative_stores)
     cutlass::KernelHardwareInfo hw_info;  // device_id and sm_count
   };
 
@@ -139,6 +145,7 @@ class MoeGemmKernel {
     FusedEpilogue<Element> fused;
     UnownedRows unowned;
     MoeGroupLayout groups;
+    bool defer_stores;
   };
 
   // Sizes and strides the kernel takes: TMA wants 16-byte multiples; the ragged views keep row and
@@ -194,7 +201,8 @@ class MoeGemmKernel {
             args.fused,
             {args.zero_unowned ? args.epilogue.ptr_out : nullptr, args.epilogue.ldout,
              args.epilogue.gated ? p.n / 2 : p.n},
-            groups};
+            groups,
+            args.defer_stores};
   }
 
   // Persistent: min(max_ctas, most tiles any count vector can make).
@@ -257,18 +265,67 @@ class MoeGemmKernel {
     return false;
   }
 
-  // The tile's mainloop. Where the kernel seeds, mma_onto, which adds onto the seeded accumulators
-  // (or starts from zero); otherwise the collective's mma().
+  // A pingpong tile's mainloop. Where the kernel seeds, mma_onto, which adds onto the seeded
+  // accumulators (or starts from zero); otherwise the collective's mma().
   template <class Accumulators>
   CUTLASS_DEVICE static void mainloop_mma(Params const& params, Pipeline& pipeline, PipelineState read_state,
                                           Accumulators& accum, bool seeded, int k_tiles, int mma_thread,
                                           typename CollectiveMainloop::TensorStorage& tensors) {
     if constexpr (kSeedsBias) {
-      mma_onto(pipeline, read_state, accum, k_tiles, mma_thread, tensors, seeded);
+      mma_onto<0>(pipeline, read_state, accum, k_tiles, mma_thread, tensors, seeded, [](int) {});
     } else {
       CollectiveMainloop mainloop;
       mainloop.mma(pipeline, read_state, accum, k_tiles, mma_thread, tensors, params.mainloop);
     }
+  }
+
+  // A cooperative consumer's tiles. kDeferStores: each tile's outputs wait in registers (`held`)
+  // and are stored while the next tile's first K blocks run, one slice per block
+  // (sm90_moe_epilogue.hpp). Otherwise each tile is stored right after its mainloop, and the
+  // accumulators may be seeded (the registers cannot hold a tile's outputs and seeded
+  // accumulators at once).
+  template <bool kDeferStores>
+  CUTLASS_DEVICE static void cooperative_tiles(Params const& params, SharedStorage& storage, Pipeline& pipeline,
+                                               Scheduler& scheduler, CollectiveEpilogue& epilogue,
+                                               int mma_thread) {
+    using namespace cute;
+    constexpr int kSlices = CollectiveEpilogue::kSlices;
+    const int k_tiles = (params.problem.k + kTileK - 1) / kTileK;
+    CollectiveMainloop mainloop;
+    TiledMma tiled_mma;
+    PipelineState read_state;
+    auto held = CollectiveEpilogue::make_held(partition_fragment_C(tiled_mma, take<0, 2>(TileShape{})));
+    for (int64_t index = blockIdx.x;; index += gridDim.x) {
+      MoeTile tile = scheduler.tile(index);
+      if (!tile.valid) break;
+      Tensor accum = partition_fragment_C(tiled_mma, take<0, 2>(TileShape{}));
+      FusedOperands fused;
+      if constexpr (kDeferStores) {
+        // The fused operands are loaded once the previous tile is stored: the registers cannot
+        // hold both across the mainloop.
+        mma_onto<kSlices>(pipeline, read_state, accum, k_tiles, mma_thread, storage.tensors, /*accumulate=*/false,
+                          [&](int k_tile) {
+                            epilogue.store_slice(k_tile, held);
+                            if (k_tile == kSlices - 1 && params.fused.enabled) {
+                              fused = load_fused(params.fused, tile, mma_thread);
+                            }
+                          });
+      } else {
+        if (params.fused.enabled) fused = load_fused(params.fused, tile, mma_thread);
+        const bool seeded = seed_accumulators(params, accum, tile, mma_thread);
+        if constexpr (kSeedsBias) {
+          mma_onto<0>(pipeline, read_state, accum, k_tiles, mma_thread, storage.tensors, seeded, [](int) {});
+        } else {
+          mainloop.mma(pipeline, read_state, accum, k_tiles, mma_thread, storage.tensors, params.mainloop);
+        }
+      }
+      mainloop.mma_tail(pipeline, read_state, k_tiles);
+      read_state.advance(k_tiles);
+      if (params.fused.enabled) apply_fused(params.fused, accum, fused, tile, mma_thread);
+      epilogue.hold(tile, accum, held);
+      if constexpr (!kDeferStores) epilogue.store_all(held);
+    }
+    epilogue.store_all(held);
   }
 
   // The collective's pipelined WGMMA loop (one K block's MMAs in flight, its stage released one
@@ -276,10 +333,12 @@ class MoeGemmKernel {
   // (accumulate) or from zero: the first MMA's scale-d is a run-time predicate, so both start
   // through the same instructions, and no other instruction writes the accumulators in between
   // (ptxas would serialize the WGMMAs: C7515, seen where the zeros came from a clear() instead).
-  template <class Accumulators>
+  // after_issue(k_tile) runs for the first kHooked K blocks, while K block k_tile's MMAs are in
+  // flight; it must not touch accum.
+  template <int kHooked, class Accumulators, class AfterIssue>
   CUTLASS_DEVICE static void mma_onto(Pipeline& pipeline, PipelineState read_state, Accumulators& accum, int k_tiles,
                                       int mma_thread, typename CollectiveMainloop::TensorStorage& tensors,
-                                      bool accumulate) {
+                                      bool accumulate, AfterIssue&& after_issue) {
     using namespace cute;
     static_assert(CollectiveMainloop::K_PIPE_MMAS == 1, "mma_onto keeps one K block in flight, as the collective");
     Tensor sA = make_tensor(make_smem_ptr(tensors.smem_A.data()), typename CollectiveMainloop::SmemLayoutA{});
@@ -291,9 +350,7 @@ class MoeGemmKernel {
     Tensor tCrB = thread_mma.make_fragment_B(thread_mma.partition_B(sB));  // (MMA, MMA_N, MMA_K, PIPE)
     tiled_mma.accumulate_ = accumulate ? GMMA::ScaleOut::One : GMMA::ScaleOut::Zero;
     PipelineState release_state = read_state;
-    warpgroup_fence_operand(accum);
-    CUTLASS_PRAGMA_NO_UNROLL
-    for (int k_tile = 0; k_tile < k_tiles; ++k_tile) {
+    auto k_block_mma = [&](int k_tile) {  // waits for K block k_tile's stage and issues its MMAs
       pipeline.consumer_wait(read_state, pipeline.consumer_try_wait(read_state));
       const int stage = read_state.index();
       warpgroup_fence_operand(accum);
@@ -304,6 +361,8 @@ class MoeGemmKernel {
         tiled_mma.accumulate_ = GMMA::ScaleOut::One;
       }
       warpgroup_commit_batch();
+    };
+    auto k_block_retire = [&](int k_tile) {  // retires the K block before it and releases its stage
       warpgroup_wait<1>();  // the previous K block's MMAs are done: release its stage
       warpgroup_fence_operand(accum);
       if (k_tile > 0) {
@@ -311,6 +370,22 @@ class MoeGemmKernel {
         ++release_state;
       }
       ++read_state;
+    };
+    warpgroup_fence_operand(accum);
+    // The first kHooked K blocks, unrolled: each calls after_issue with its index known at compile
+    // time, so that what the hook reads (registers) is dead for the rest of the loop. They run
+    // unconditionally: a path where some of them may not run (fewer K blocks) drew C7515, and so
+    // did a second path for such tiles; the caller ensures k_tiles >= kHooked.
+    CUTLASS_PRAGMA_UNROLL
+    for (int k_tile = 0; k_tile < kHooked; ++k_tile) {
+      k_block_mma(k_tile);
+      after_issue(k_tile);
+      k_block_retire(k_tile);
+    }
+    CUTLASS_PRAGMA_NO_UNROLL
+    for (int k_tile = kHooked; k_tile < k_tiles; ++k_tile) {
+      k_block_mma(k_tile);
+      k_block_retire(k_tile);
     }
     warpgroup_fence_operand(accum);
   }
@@ -416,18 +491,14 @@ CUTLASS_DEVICE void MoeGemmKernel<Element, LayoutB, Config, Fusion>::operator()(
     } else {
       const int mma_thread = threadIdx.x - cutlass::NumThreadsPerWarpGroup;  // both consumers: 0..255
       CollectiveEpilogue epilogue(params.epilogue, storage.epilogue, consumer, mma_thread, group_thread);
-      for (int64_t index = first;; index += grid) {
-        MoeTile tile = scheduler.tile(index);
-        if (!tile.valid) break;
-        Tensor accum = partition_fragment_C(tiled_mma, take<0, 2>(TileShape{}));
-        FusedOperands fused;
-        if (params.fused.enabled) fused = load_fused(params.fused, tile, mma_thread);
-        const bool seeded = seed_accumulators(params, accum, tile, mma_thread);
-        mainloop_mma(params, pipeline, read_state, accum, seeded, k_tiles, mma_thread, storage.tensors);
-        mainloop.mma_tail(pipeline, read_state, k_tiles);
-        read_state.advance(k_tiles);
-        if (params.fused.enabled) apply_fused(params.fused, accum, fused, tile, mma_thread);
-        epilogue.store(tile, accum);
+      // Two loops, so that each has the registers to itself: a launch seeds its accumulators
+      // (bf16 with a bias) or defers its stores into the next tile's mainloop, never both.
+      // Deferred stores need a K block per slice (kSlices), which every MoE layer has (K >= 256).
+      if (kDefersStores && params.defer_stores && k_tiles >= CollectiveEpilogue::kSlices &&
+          !(kSeedsBias && params.fused.seed_bias)) {
+        cooperative_tiles</*kDeferStores=*/true>(params, storage, pipeline, scheduler, epilogue, mma_thread);
+      } else {
+        cooperative_tiles</*kDeferStores=*/false>(params, storage, pipeline, scheduler, epilogue, mma_thread);
       }
       epilogue.store_tail();
       zero_unowned(params, scheduler, consumer, group_thread);

@@ -128,7 +128,7 @@ class WgradTmaStoreEpilogue {
     for (int slice = 0; slice < Staging::kSlices; ++slice) {
       if (slice * kStoreCols >= cols_left) break;  // the same for the whole consumer
       staging_.stage(
-          slice, accum,
+          slice,
           [&](int i, int, int) {
             return cutlass::NumericArrayConverter<ElementOut, float, 2>{}({accum(i), accum(i + 1)});
           },

@@ -35,8 +35,12 @@ Backend select_backend(const MoeGemmProblem& problem, int device) {
   // 1x2 cluster (x's tile multicast to both CTAs) reads x from L2 half as often as the MoE family's
   // 1x1 tiles, and wins there. Elsewhere the MoE family (no workspace, one launch, a new output's
   // unowned rows zeroed in the same launch).
+  // Where the MoE family's cooperative tile defers its stores (bf16), it takes those shapes too
+  // (57 of the 66 with 4096 rows per expert in the 2026-11-23 tenth session's sweep).
   const int64_t experts = problem.num_experts > 0 ? problem.num_experts : 1;
-  if (problem.num_tokens / experts >= 2048 && problem.k >= 1536) return Backend::kGrouped;
+  if (problem.num_tokens / experts >= 2048 && problem.k >= 1536 && !defer_cooperative_stores(problem)) {
+    return Backend::kGrouped;
+  }
   return Backend::kMoe;
 }
 
@@ -71,11 +75,13 @@ KernelConfig select_config(const MoeGemmProblem& problem, Backend backend, int d
     // (Mixtral and Llama 4 Scout prefill; benchmarks/NOTES.md, "The H100"). Planning without a
     // device (device < 0) takes the H200's rule.
     // Where the cooperative tile defers its stores (defer_cooperative_stores), its epilogue no
-    // longer idles the tensor cores, and it wins over the pingpong tile on both GPUs, by up to 12%
-    // (pingpong stays 2-4% ahead on qwen3-30b-prefill and seed000-g16, whose uneven splits make
-    // the cooperative CTAs drift apart).
+    // longer idles the tensor cores: from 512 rows per expert it is the pick (refitted on the
+    // tenth session's sweep, benchmarks/sweep_h200.json: within 5% of the best config on 90.3% of
+    // the shapes). At 256 rows, uneven splits still favour the pingpong tile (by up to 17%: the
+    // cooperative CTAs drift apart), except where the rule below takes the cooperative tile.
     const bool fast_dram = device < 0 || device_facts(device).dram_tbps >= 4.0;
-    const bool cooperative = defer_cooperative_stores(problem) || (rows_per_expert >= 2048
+    const bool deferred_wins = defer_cooperative_stores(problem) && rows_per_expert >= 512;
+    const bool cooperative = deferred_wins || (rows_per_expert >= 2048
                                               ? problem.k >= 1536
                                               : rows_per_expert > 64 && problem.k >= 2560 &&
                                                     (problem.num_experts >= 32 || !fast_dram));

@@ -252,16 +252,16 @@ def test_heuristic_picks_small_m_tiles_unless_experts_have_thousands_of_rows(t, 
     assert cutlass_moe.select_config(t, e, n, k, backend="grouped") == ("grouped", expect)
 
 
-# The rule fitted on benchmarks/sweep_h200.json, then the cooperative tile from 256 rows per expert
-# (bf16, K >= 256), where it defers its stores (heuristics.cpp).
+# The rule fitted on benchmarks/sweep_h200.json (heuristics.cpp): the cooperative tile from 512 rows
+# per expert (bf16, K >= 256: it defers its stores), and below with deep K among many experts.
 @pytest.mark.parametrize("t,e,n,k,expect", [
     (1024, 256, 4096, 7168, "sm90_pingpong_64x256x64_1x1x1"),       # dsv3-decode
     (24576, 128, 1024, 1024, "sm90_pingpong_64x256x64_1x1x1"),      # seed000-g128: 192 rows/expert
     (32768, 128, 1536, 192, "sm90_pingpong_64x256x64_1x1x1"),       # 256 rows/expert, K = 192: no deferral
-    (32768, 128, 1536, 2048, "sm90_cooperative_128x256x64_1x1x1"),  # qwen3-30b-prefill: 256 rows/expert
+    (32768, 128, 1536, 2048, "sm90_pingpong_64x256x64_1x1x1"),      # qwen3-30b-prefill: 256 rows/expert
     (24576, 32, 1024, 1024, "sm90_cooperative_128x256x64_1x1x1"),   # seed000-g32: 768 rows/expert
     (8192, 8, 28672, 4096, "sm90_cooperative_128x256x64_1x1x1"),    # mixtral-prefill: 8 experts
-    (4096, 16, 16384, 5120, "sm90_cooperative_128x256x64_1x1x1"),   # seed001-llama4: 16 experts
+    (4096, 16, 16384, 5120, "sm90_pingpong_64x256x64_1x1x1"),       # seed001-llama4: 16 experts, 256 rows
     (24576, 8, 1024, 1024, "sm90_cooperative_128x256x64_1x1x1"),    # seed000-g8: 3072 rows/expert, K = 1024
     (30720, 12, 3072, 1024, "sm90_cooperative_128x256x64_1x1x1"),   # seed004-uniform: 2560 rows/expert
     (32768, 256, 4096, 7168, "sm90_cooperative_128x256x64_1x1x1"),  # dsv3-prefill: deep K, 128 rows/expert
@@ -280,9 +280,10 @@ def test_moe_backend_config_and_auto_backend_resolve():
     for t, e, n, k in [(32768, 256, 4096, 7168), (8192, 8, 28672, 4096), (16384, 128, 5760, 2880),
                        (4096, 16, 16384, 5120), (24576, 8, 1024, 1024), (30720, 12, 3072, 1024)]:
         assert cutlass_moe.select_config(t, e, n, k, device=-1)[0] == "moe"
-    # Thousands of rows per expert with K >= 1536: the grouped family's 1x2-cluster cooperative tile.
+    # Thousands of rows per expert with K >= 1536: the MoE family's cooperative tile, which defers its
+    # stores in bf16 (select_config's problem); the grouped family's 1x2-cluster tile took them before.
     for t, e, n, k in [(262144, 64, 2816, 2048), (32768, 8, 28672, 4096), (131072, 32, 5760, 2880)]:
-        assert cutlass_moe.select_config(t, e, n, k, device=-1) == ("grouped", "sm90_cooperative_128x256x64_1x2x1")
+        assert cutlass_moe.select_config(t, e, n, k, device=-1) == ("moe", "sm90_cooperative_128x256x64_1x1x1")
     for family in ("sm80_moe", "sm80_grouped"):
         assert cutlass_moe.select_config(1024, 256, 4096, 7168, backend=family) == (family, "sm80_64x128x32_32x64_s4")
         assert cutlass_moe.select_config(32768, 256, 4096, 7168, backend=family) == (family, "sm80_128x128x32_64x64_s4")

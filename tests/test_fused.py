@@ -449,21 +449,24 @@ def test_gpu_gated_activation_kernels_match_torch(dtype, activation):
 @gpu
 def test_fused_calls_stay_in_a_moe_family_where_auto_takes_the_grouped_one():
     # Only the MoE families run the fused epilogue. With thousands of rows per expert and K >= 1536 a
-    # plain call's heuristic takes the grouped family; a fused call's plan must stay in the MoE ones
-    # (else it would fall back to the composite), and its result must still be right.
+    # plain fp16 call's heuristic takes the grouped family (bf16 takes the MoE family's cooperative
+    # tile, which defers its stores); a fused call's plan must stay in the MoE ones (else it would
+    # fall back to the composite), and its result must still be right.
     from cutlass_moe import ops
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the grouped pick is the sm90 heuristic's")
     device = torch.cuda.current_device()
     t, e, k, n = 4096, 2, 1536, 256  # 2048 rows per expert
-    args = (ops._DTYPES[torch.bfloat16], ops._LAYOUTS["kn"], t, e, n, k, ops._BACKENDS["auto"],
+    args = (ops._DTYPES[torch.float16], ops._LAYOUTS["kn"], t, e, n, k, ops._BACKENDS["auto"],
             ops._CONFIGS["auto"], device)
     try:
         plain, fused = ops._plan(*args, False), ops._plan(*args, True)
     except NotImplementedError as err:  # a custom build without both sm90 families
         pytest.skip(str(err))
     assert (plain.backend, fused.backend) == ("grouped", "moe")
-    x, w, bias, _, counts = make(t, k, n, e, torch.bfloat16, "cuda")
+    bf16 = ops._plan(ops._DTYPES[torch.bfloat16], *args[1:], False)
+    assert bf16.backend == "moe"
+    x, w, bias, _, counts = make(t, k, n, e, torch.float16, "cuda")
     y = moe_gemm(x, w, counts.cuda(), bias=bias, activation="silu")
     ref = moe_gemm_reference(x.float().cpu(), w.float().cpu(), counts, bias=bias.float().cpu(), activation="silu")
     check(y, ref, counts, t)

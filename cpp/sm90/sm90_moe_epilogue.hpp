@@ -309,8 +309,9 @@ class CooperativeSliceStaging {
 //   - store_slice(k, held) stages and stores slice k of the held tile; the kernel calls it right
 //     after issuing each of the next tile's first kSlices K blocks, so slice k is written while K
 //     block k's WGMMAs run;
-//   - store_all(held) stores every slice: right after hold() where the kernel does not defer, and
-//     the consumer's last tile.
+//   - store_all(held) stores every slice of the consumer's last held tile.
+// Where the kernel does not defer, store(tile, accum) stores each tile straight from its
+// accumulators after its mainloop.
 template <class Element, class TiledMma, int kTileM, int kTileN, class Fusion>
 class CooperativeTmaStoreEpilogue {
  public:
@@ -420,6 +421,29 @@ class CooperativeTmaStoreEpilogue {
     pending_ = false;
   }
 
+  // Stores `tile` straight from its accumulators, slice after slice (where the kernel does not
+  // defer): the fusion's values, or a gated tile's combined first values.
+  template <class Accumulators>
+  CUTLASS_DEVICE void store(MoeTile const& tile, Accumulators const& accum) {
+    if (params_.gated) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int slice = 0; slice < kSlices / 2; ++slice) {
+        store_slice_from<2>(tile, slice, [&](int i, int, int) { return Element(accum(i)); });
+      }
+    } else {
+      Fusion fusion(params_.fusion);
+      fusion.begin_tile(tile.expert);
+      const int row_start = tile.row_start + tile.m_tile * kTileM + consumer_ * kRows;
+      const int first_col = tile.n_tile * kTileN;
+      CUTLASS_PRAGMA_UNROLL
+      for (int slice = 0; slice < kSlices; ++slice) {
+        store_slice_from<1>(tile, slice, [&](int i, int row, int col) {
+          return fusion.visit({accum(i), accum(i + 1)}, row_start + row, first_col + col);
+        });
+      }
+    }
+  }
+
   CUTLASS_DEVICE void store_tail() { staging_.wait_all(); }
 
  private:
@@ -433,15 +457,29 @@ class CooperativeTmaStoreEpilogue {
     }
   }
 
-  // Stores slice `slice` of the consumer's rows [consumer * kRows, +kRows) of the held tile, clipped
-  // to the expert's rows and to out's columns by the ragged view, with one TMA copy. kPack
-  // accumulator columns per output column: 1, or 2 for a gated tile. Interleaved groups: the view
-  // holds every group's columns, so a group's own columns end on a slice boundary (a multiple of
-  // 64, checked on the host) and no slice reaches the next group.
+  // Stores slice `slice` of the held tile.
   template <int kPack, class Held>
   CUTLASS_DEVICE void store(int slice, Held const& held) {
+    store_slice_from<kPack>(tile_, slice, [&](int i, int, int) {
+      const uint32_t word = held(i / 2);
+      auto const& pair = reinterpret_cast<cutlass::Array<Element, 2> const&>(word);
+      if constexpr (kPack == 1) {
+        return pair;
+      } else {
+        return pair[0];
+      }
+    });
+  }
+
+  // Stores slice `slice` of the consumer's rows [consumer * kRows, +kRows) of `tile`, clipped to the
+  // expert's rows and to out's columns by the ragged view, with one TMA copy; value(i, row, col) as
+  // in CooperativeSliceStaging::stage. kPack accumulator columns per output column: 1, or 2 for a
+  // gated tile. Interleaved groups: the view holds every group's columns, so a group's own columns
+  // end on a slice boundary (a multiple of 64, checked on the host) and no slice reaches the next
+  // group.
+  template <int kPack, class Value>
+  CUTLASS_DEVICE void store_slice_from(MoeTile const& tile, int slice, Value&& value) {
     using namespace cute;
-    MoeTile const& tile = tile_;
     const int part_row = consumer_ * kRows;  // first tile row of this consumer's part
     const int rows = min(int{kRows}, tile.rows - tile.m_tile * kTileM - part_row);
     const int first_col = tile.n_tile * kTileN / kPack;  // of out (of the expert's group)
@@ -456,21 +494,10 @@ class CooperativeTmaStoreEpilogue {
     const int view_col = static_cast<int>(tile.expert * params_.group_stride) + first_col;
     Tensor gD = domain_offset(make_coord(kRows - rows, view_col, row_start + rows), mD)(_, _, 0);
     auto tma_store = params_.tma_store.get_slice(Int<0>{});
-    staging_.template stage<kPack>(
-        slice,
-        [&](int i, int, int) {
-          const uint32_t word = held(i / 2);
-          auto const& pair = reinterpret_cast<cutlass::Array<Element, 2> const&>(word);
-          if constexpr (kPack == 1) {
-            return pair;
-          } else {
-            return pair[0];
-          }
-        },
-        [&](auto const& sD) {
-          Tensor gD_slice = local_tile(gD, Shape<Int<kRows>, Int<kStoreCols>>{}, make_coord(0, slice));
-          copy(params_.tma_store, tma_store.partition_S(sD), tma_store.partition_D(gD_slice));
-        });
+    staging_.template stage<kPack>(slice, value, [&](auto const& sD) {
+      Tensor gD_slice = local_tile(gD, Shape<Int<kRows>, Int<kStoreCols>>{}, make_coord(0, slice));
+      copy(params_.tma_store, tma_store.partition_S(sD), tma_store.partition_D(gD_slice));
+    });
   }
 
   Params const& params_;

@@ -322,10 +322,13 @@ class MoeGemmKernel {
       mainloop.mma_tail(pipeline, read_state, k_tiles);
       read_state.advance(k_tiles);
       if (params.fused.enabled) apply_fused(params.fused, accum, fused, tile, mma_thread);
-      epilogue.hold(tile, accum, held);
-      if constexpr (!kDeferStores) epilogue.store_all(held);
+      if constexpr (kDeferStores) {
+        epilogue.hold(tile, accum, held);
+      } else {
+        epilogue.store(tile, accum);
+      }
     }
-    epilogue.store_all(held);
+    if constexpr (kDeferStores) epilogue.store_all(held);
   }
 
   // The collective's pipelined WGMMA loop (one K block's MMAs in flight, its stage released one

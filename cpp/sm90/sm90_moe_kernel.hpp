@@ -299,19 +299,12 @@ class MoeGemmKernel {
       MoeTile tile = scheduler.tile(index);
       if (!tile.valid) break;
       Tensor accum = partition_fragment_C(tiled_mma, take<0, 2>(TileShape{}));
-      FusedOperands fused;
+      FusedOperands fused;  // loaded before the mainloop, which hides the loads' latency
+      if (params.fused.enabled) fused = load_fused(params.fused, tile, mma_thread);
       if constexpr (kDeferStores) {
-        // The fused operands are loaded once the previous tile is stored: the registers cannot
-        // hold both across the mainloop.
         mma_onto<kSlices>(pipeline, read_state, accum, k_tiles, mma_thread, storage.tensors, /*accumulate=*/false,
-                          [&](int k_tile) {
-                            epilogue.store_slice(k_tile, held);
-                            if (k_tile == kSlices - 1 && params.fused.enabled) {
-                              fused = load_fused(params.fused, tile, mma_thread);
-                            }
-                          });
+                          [&](int k_tile) { epilogue.store_slice(k_tile, held); });
       } else {
-        if (params.fused.enabled) fused = load_fused(params.fused, tile, mma_thread);
         const bool seeded = seed_accumulators(params, accum, tile, mma_thread);
         if constexpr (kSeedsBias) {
           mma_onto<0>(pipeline, read_state, accum, k_tiles, mma_thread, storage.tensors, seeded, [](int) {});

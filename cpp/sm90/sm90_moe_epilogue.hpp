@@ -386,7 +386,7 @@ class CooperativeTmaStoreEpilogue {
     } else {
       Fusion fusion(params_.fusion);
       fusion.begin_tile(tile.expert);
-      const int row_start = tile.row_start + tile.m_tile * kTileM + consumer_ * kRows;
+      const int row_start = part_row_start(tile);
       const int first_col = tile.n_tile * kTileN;
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < size(accum); i += 2) {
@@ -433,7 +433,7 @@ class CooperativeTmaStoreEpilogue {
     } else {
       Fusion fusion(params_.fusion);
       fusion.begin_tile(tile.expert);
-      const int row_start = tile.row_start + tile.m_tile * kTileM + consumer_ * kRows;
+      const int row_start = part_row_start(tile);
       const int first_col = tile.n_tile * kTileN;
       CUTLASS_PRAGMA_UNROLL
       for (int slice = 0; slice < kSlices; ++slice) {
@@ -455,6 +455,11 @@ class CooperativeTmaStoreEpilogue {
     } else {
       store<1>(slice, held);
     }
+  }
+
+  // The row of out where this consumer's part of `tile` starts (its rows [consumer * kRows, +kRows)).
+  CUTLASS_DEVICE int part_row_start(MoeTile const& tile) const {
+    return tile.row_start + tile.m_tile * kTileM + consumer_ * kRows;
   }
 
   // Stores slice `slice` of the held tile.
@@ -480,13 +485,12 @@ class CooperativeTmaStoreEpilogue {
   template <int kPack, class Value>
   CUTLASS_DEVICE void store_slice_from(MoeTile const& tile, int slice, Value&& value) {
     using namespace cute;
-    const int part_row = consumer_ * kRows;  // first tile row of this consumer's part
-    const int rows = min(int{kRows}, tile.rows - tile.m_tile * kTileM - part_row);
+    const int rows = min(int{kRows}, tile.rows - tile.m_tile * kTileM - consumer_ * kRows);
     const int first_col = tile.n_tile * kTileN / kPack;  // of out (of the expert's group)
     // No rows of the expert in this part (and no box wholly outside the view), or no columns of out
     // left: the same for the whole consumer.
     if (rows <= 0 || slice * kStoreCols >= params_.out_cols - first_col) return;
-    const int row_start = tile.row_start + tile.m_tile * kTileM + part_row;
+    const int row_start = part_row_start(tile);
     // The box at (kRows - rows, col, row_start + rows) of the ragged view holds out[row_start, +rows)
     // in its first rows; its other rows are outside the view, and TMA does not write them.
     // Interleaved groups: the group's columns start at expert * group_stride of the view.

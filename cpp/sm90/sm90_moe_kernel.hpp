@@ -265,8 +265,8 @@ class MoeGemmKernel {
     return false;
   }
 
-  // A pingpong tile's mainloop. Where the kernel seeds, mma_onto, which adds onto the seeded
-  // accumulators (or starts from zero); otherwise the collective's mma().
+  // A tile's mainloop where the stores are not deferred. Where the kernel seeds, mma_onto, which
+  // adds onto the seeded accumulators (or starts from zero); otherwise the collective's mma().
   template <class Accumulators>
   CUTLASS_DEVICE static void mainloop_mma(Params const& params, Pipeline& pipeline, PipelineState read_state,
                                           Accumulators& accum, bool seeded, int k_tiles, int mma_thread,
@@ -286,11 +286,10 @@ class MoeGemmKernel {
   // accumulators at once).
   template <bool kDeferStores>
   CUTLASS_DEVICE static void cooperative_tiles(Params const& params, SharedStorage& storage, Pipeline& pipeline,
-                                               Scheduler& scheduler, CollectiveEpilogue& epilogue,
+                                               Scheduler& scheduler, CollectiveEpilogue& epilogue, int k_tiles,
                                                int mma_thread) {
     using namespace cute;
     constexpr int kSlices = CollectiveEpilogue::kSlices;
-    const int k_tiles = (params.problem.k + kTileK - 1) / kTileK;
     CollectiveMainloop mainloop;
     TiledMma tiled_mma;
     PipelineState read_state;
@@ -306,11 +305,7 @@ class MoeGemmKernel {
                           [&](int k_tile) { epilogue.store_slice(k_tile, held); });
       } else {
         const bool seeded = seed_accumulators(params, accum, tile, mma_thread);
-        if constexpr (kSeedsBias) {
-          mma_onto<0>(pipeline, read_state, accum, k_tiles, mma_thread, storage.tensors, seeded, [](int) {});
-        } else {
-          mainloop.mma(pipeline, read_state, accum, k_tiles, mma_thread, storage.tensors, params.mainloop);
-        }
+        mainloop_mma(params, pipeline, read_state, accum, seeded, k_tiles, mma_thread, storage.tensors);
       }
       mainloop.mma_tail(pipeline, read_state, k_tiles);
       read_state.advance(k_tiles);
@@ -462,9 +457,9 @@ CUTLASS_DEVICE void MoeGemmKernel<Element, LayoutB, Config, Fusion>::operator()(
   } else {
     cutlass::arch::warpgroup_reg_alloc<kConsumerRegs>();
     const int consumer = warp_group - 1;
-    TiledMma tiled_mma;
-    PipelineState read_state;
     if constexpr (kPingpong) {
+      TiledMma tiled_mma;
+      PipelineState read_state;
       CollectiveEpilogue epilogue(params.epilogue, storage.epilogue, consumer, group_thread);
       if (consumer == 1) read_state.advance(k_tiles);  // consumer 0 takes the first tile's stages
       for (int64_t index = first + consumer * grid;; index += kConsumers * grid) {
@@ -492,9 +487,10 @@ CUTLASS_DEVICE void MoeGemmKernel<Element, LayoutB, Config, Fusion>::operator()(
       // Deferred stores need a K block per slice (kSlices), which every MoE layer has (K >= 256).
       if (kDefersStores && params.defer_stores && k_tiles >= CollectiveEpilogue::kSlices &&
           !(kSeedsBias && params.fused.seed_bias)) {
-        cooperative_tiles</*kDeferStores=*/true>(params, storage, pipeline, scheduler, epilogue, mma_thread);
+        cooperative_tiles</*kDeferStores=*/true>(params, storage, pipeline, scheduler, epilogue, k_tiles, mma_thread);
       } else {
-        cooperative_tiles</*kDeferStores=*/false>(params, storage, pipeline, scheduler, epilogue, mma_thread);
+        cooperative_tiles</*kDeferStores=*/false>(params, storage, pipeline, scheduler, epilogue, k_tiles,
+                                                  mma_thread);
       }
       epilogue.store_tail();
       zero_unowned(params, scheduler, consumer, group_thread);

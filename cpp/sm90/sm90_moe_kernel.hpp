@@ -35,6 +35,7 @@
 #include "sm90/sm90_common.cuh"
 #include "sm90/sm90_moe_descriptors.hpp"
 #include "sm90/sm90_moe_epilogue.hpp"
+#include "sm90/sm90_mma_loop.hpp"
 #include "zero_fill.cuh"
 
 namespace cutlass_moe::sm90 {
@@ -265,14 +266,15 @@ class MoeGemmKernel {
     return false;
   }
 
-  // A tile's mainloop where the stores are not deferred. Where the kernel seeds, mma_onto, which
-  // adds onto the seeded accumulators (or starts from zero); otherwise the collective's mma().
+  // A tile's mainloop where the stores are not deferred. Where the kernel seeds, mma_pipelined,
+  // which adds onto the seeded accumulators (or starts from zero); otherwise the collective's mma().
   template <class Accumulators>
   CUTLASS_DEVICE static void mainloop_mma(Params const& params, Pipeline& pipeline, PipelineState read_state,
                                           Accumulators& accum, bool seeded, int k_tiles, int mma_thread,
                                           typename CollectiveMainloop::TensorStorage& tensors) {
     if constexpr (kSeedsBias) {
-      mma_onto<0>(pipeline, read_state, accum, k_tiles, mma_thread, tensors, seeded, [](int) {});
+      mma_pipelined<CollectiveMainloop, 0, /*kHookAfterRelease=*/false>(
+          pipeline, read_state, accum, k_tiles, mma_thread, tensors, seeded, [](int) {}, [](int) {});
     } else {
       CollectiveMainloop mainloop;
       mainloop.mma(pipeline, read_state, accum, k_tiles, mma_thread, tensors, params.mainloop);
@@ -301,8 +303,9 @@ class MoeGemmKernel {
       FusedOperands fused;  // loaded before the mainloop, which hides the loads' latency
       if (params.fused.enabled) fused = load_fused(params.fused, tile, mma_thread);
       if constexpr (kDeferStores) {
-        mma_onto<kSlices>(pipeline, read_state, accum, k_tiles, mma_thread, storage.tensors, /*accumulate=*/false,
-                          [&](int k_tile) { epilogue.store_slice(k_tile, held); });
+        mma_pipelined<CollectiveMainloop, kSlices, /*kHookAfterRelease=*/false>(
+            pipeline, read_state, accum, k_tiles, mma_thread, storage.tensors, /*accumulate=*/false,
+            [&](int k_tile) { epilogue.store_slice(k_tile, held); }, [](int) {});
       } else {
         const bool seeded = seed_accumulators(params, accum, tile, mma_thread);
         mainloop_mma(params, pipeline, read_state, accum, seeded, k_tiles, mma_thread, storage.tensors);
@@ -317,68 +320,6 @@ class MoeGemmKernel {
       }
     }
     if constexpr (kDeferStores) epilogue.store_all(held);
-  }
-
-  // The collective's pipelined WGMMA loop (one K block's MMAs in flight, its stage released one
-  // block later, the last by the collective's mma_tail), accumulating onto accum as it is
-  // (accumulate) or from zero: the first MMA's scale-d is a run-time predicate, so both start
-  // through the same instructions, and no other instruction writes the accumulators in between
-  // (ptxas would serialize the WGMMAs: C7515, seen where the zeros came from a clear() instead).
-  // after_issue(k_tile) runs for the first kHooked K blocks, while K block k_tile's MMAs are in
-  // flight; it must not touch accum.
-  template <int kHooked, class Accumulators, class AfterIssue>
-  CUTLASS_DEVICE static void mma_onto(Pipeline& pipeline, PipelineState read_state, Accumulators& accum, int k_tiles,
-                                      int mma_thread, typename CollectiveMainloop::TensorStorage& tensors,
-                                      bool accumulate, AfterIssue&& after_issue) {
-    using namespace cute;
-    static_assert(CollectiveMainloop::K_PIPE_MMAS == 1, "mma_onto keeps one K block in flight, as the collective");
-    Tensor sA = make_tensor(make_smem_ptr(tensors.smem_A.data()), typename CollectiveMainloop::SmemLayoutA{});
-    Tensor sB = make_tensor(make_smem_ptr(tensors.smem_B.data()), typename CollectiveMainloop::SmemLayoutB{});
-    TiledMma tiled_mma;
-    const int warp_group = __shfl_sync(0xffffffff, mma_thread / cutlass::NumThreadsPerWarpGroup, 0);
-    auto thread_mma = tiled_mma.get_slice(warp_group * cutlass::NumThreadsPerWarpGroup);
-    Tensor tCrA = thread_mma.make_fragment_A(thread_mma.partition_A(sA));  // (MMA, MMA_M, MMA_K, PIPE)
-    Tensor tCrB = thread_mma.make_fragment_B(thread_mma.partition_B(sB));  // (MMA, MMA_N, MMA_K, PIPE)
-    tiled_mma.accumulate_ = accumulate ? GMMA::ScaleOut::One : GMMA::ScaleOut::Zero;
-    PipelineState release_state = read_state;
-    auto k_block_mma = [&](int k_tile) {  // waits for K block k_tile's stage and issues its MMAs
-      pipeline.consumer_wait(read_state, pipeline.consumer_try_wait(read_state));
-      const int stage = read_state.index();
-      warpgroup_fence_operand(accum);
-      warpgroup_arrive();
-      CUTLASS_PRAGMA_UNROLL
-      for (int k_block = 0; k_block < size<2>(tCrA); ++k_block) {
-        cute::gemm(tiled_mma, tCrA(_, _, k_block, stage), tCrB(_, _, k_block, stage), accum);
-        tiled_mma.accumulate_ = GMMA::ScaleOut::One;
-      }
-      warpgroup_commit_batch();
-    };
-    auto k_block_retire = [&](int k_tile) {  // retires the K block before it and releases its stage
-      warpgroup_wait<1>();  // the previous K block's MMAs are done: release its stage
-      warpgroup_fence_operand(accum);
-      if (k_tile > 0) {
-        pipeline.consumer_release(release_state);
-        ++release_state;
-      }
-      ++read_state;
-    };
-    warpgroup_fence_operand(accum);
-    // The first kHooked K blocks, unrolled: each calls after_issue with its index known at compile
-    // time, so that what the hook reads (registers) is dead for the rest of the loop. They run
-    // unconditionally: a path where some of them may not run (fewer K blocks) drew C7515, and so
-    // did a second path for such tiles; the caller ensures k_tiles >= kHooked.
-    CUTLASS_PRAGMA_UNROLL
-    for (int k_tile = 0; k_tile < kHooked; ++k_tile) {
-      k_block_mma(k_tile);
-      after_issue(k_tile);
-      k_block_retire(k_tile);
-    }
-    CUTLASS_PRAGMA_NO_UNROLL
-    for (int k_tile = kHooked; k_tile < k_tiles; ++k_tile) {
-      k_block_mma(k_tile);
-      k_block_retire(k_tile);
-    }
-    warpgroup_fence_operand(accum);
   }
 };
 

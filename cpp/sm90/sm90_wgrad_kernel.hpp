@@ -15,8 +15,11 @@
 //   - epilogue: WgradTmaStoreEpilogue stages the whole tile in shared memory (4 slices per
 //     consumer) and stores it with asynchronous TMA copies while the next tile's mainloop runs:
 //     dW is most of the bytes when experts have few rows (95% on DeepSeek-V3's shapes), so the
-//     stores must stream. Accumulating (fp32 only) uses TMA reduce-add: one add per element, in a
-//     fixed order, no atomics, bitwise reproducible.
+//     stores must stream. A 16-bit dW also defers the staging: each tile's outputs wait in
+//     registers and are staged during the next tile's K blocks, one slice per block and the rest
+//     with its last block, so the tensor cores do not wait for them (4-6% on the public shapes,
+//     benchmarks/NOTES.md). Accumulating (fp32 only) uses TMA reduce-add: one add per element, in
+//     a fixed order, no atomics, bitwise reproducible.
 // An expert with no rows has no mainloop: its tiles store zeros, or nothing when accumulating.
 //
 // Ragged view along T: element (m, i, j) of an operand's view is A[m, j + i - kTileK] (the row
@@ -38,6 +41,7 @@
 
 #include "moe_tile_scheduler.hpp"
 #include "sm90/sm90_common.cuh"
+#include "sm90/sm90_mma_loop.hpp"
 #include "sm90/sm90_moe_epilogue.hpp"
 
 namespace cutlass_moe::sm90 {
@@ -115,46 +119,109 @@ class WgradTmaStoreEpilogue {
                                        int thread)
       : params_(params), staging_(storage, consumer, mma_thread, thread), consumer_(consumer) {}
 
-  // The consumer's rows [consumer * kRows, +kRows) of the tile; TMA clips the box at M and N.
+  // 16-bit dW (stored, never added) defers its stores: each tile's outputs wait in registers and
+  // are stored while the next tile's K blocks run (the kernel's deferred loop). fp32 dW, half of it
+  // staged per slice and possibly accumulated, is stored after each tile's mainloop.
+  static constexpr bool kDefers = sizeof(ElementOut) == 2;
+
+  // After a tile's mainloop: the consumer's rows of the tile, slice after slice.
   template <class Accumulators>
   CUTLASS_DEVICE void store(MoeTile const& tile, Accumulators const& accum) {
-    using namespace cute;
-    const int first_row = tile.m_tile * kTileM + consumer_ * kRows;
-    const int first_col = tile.n_tile * kTileN;
-    if (first_row >= params_.m) return;  // no box wholly outside dW
-    const int cols_left = params_.n - first_col;
-    auto shape = make_shape(params_.m, params_.n, params_.num_experts);
     CUTLASS_PRAGMA_UNROLL
     for (int slice = 0; slice < Staging::kSlices; ++slice) {
-      if (slice * kStoreCols >= cols_left) break;  // the same for the whole consumer
-      staging_.stage(
-          slice,
-          [&](int i, int, int) {
-            return cutlass::NumericArrayConverter<ElementOut, float, 2>{}({accum(i), accum(i + 1)});
-          },
-          [&](auto const& sD) {
-            auto issue = [&](auto const& tma) {
-              Tensor gD = domain_offset(make_coord(first_row, first_col + slice * kStoreCols, tile.expert),
-                                        tma.get_tma_tensor(shape));
-              Tensor box = local_tile(gD(_, _, 0), Shape<Int<kRows>, Int<kStoreCols>>{}, make_coord(0, 0));
-              auto tma_slice = tma.get_slice(Int<0>{});
-              copy(tma, tma_slice.partition_S(sD), tma_slice.partition_D(box));
-            };
-            if (params_.accumulate) {
-              issue(params_.reduce_add);
-            } else {
-              issue(params_.store);
-            }
-          });
+      store_slice(tile, slice, [&](int i, int, int) {
+        return cutlass::NumericArrayConverter<ElementOut, float, 2>{}({accum(i), accum(i + 1)});
+      });
     }
   }
+
+  // Deferred stores (kDefers). The registers hold() fills: one 32-bit word per accumulator pair,
+  // the pair's two outputs.
+  template <class Accumulators>
+  CUTLASS_DEVICE static auto make_held(Accumulators const&) {
+    using namespace cute;
+    return make_tensor<uint32_t>(Int<decltype(size(Accumulators{}))::value / 2>{});
+  }
+
+  // Takes `tile`'s outputs out of its accumulators. The previous held tile must have been stored.
+  template <class Accumulators, class Held>
+  CUTLASS_DEVICE void hold(MoeTile const& tile, Accumulators const& accum, Held& held) {
+    using namespace cute;
+    static_assert(2 * decltype(size(held))::value == decltype(size(accum))::value);
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < size(accum); i += 2) {
+      const auto pair = cutlass::NumericArrayConverter<ElementOut, float, 2>{}({accum(i), accum(i + 1)});
+      held(i / 2) = reinterpret_cast<uint32_t const&>(pair);
+    }
+    held_tile_ = tile;
+    pending_ = true;
+  }
+
+  // Holds an expert with no rows: its tile of dW is zeros.
+  template <class Held>
+  CUTLASS_DEVICE void hold_zeros(MoeTile const& tile, Held& held) {
+    using namespace cute;
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < size(held); ++i) held(i) = 0u;
+    held_tile_ = tile;
+    pending_ = true;
+  }
+
+  // Stores slice k of the held tile, and with `rest` every slice after it as well; once its last
+  // slice is stored, no tile is held. k is a run-time index: the unrolled loop gives each slice its
+  // own code, with its registers and columns known at compile time.
+  template <class Held>
+  CUTLASS_DEVICE void store_held(int k, bool rest, Held const& held) {
+    if (!pending_) return;
+    CUTLASS_PRAGMA_UNROLL
+    for (int slice = 0; slice < Staging::kSlices; ++slice) {
+      if (slice == k || (rest && slice > k)) {
+        store_slice(held_tile_, slice, [&](int i, int, int) {
+          const uint32_t word = held(i / 2);
+          return reinterpret_cast<cutlass::Array<ElementOut, 2> const&>(word);
+        });
+      }
+    }
+    if (rest || k == Staging::kSlices - 1) pending_ = false;
+  }
+
+  template <class Held>
+  CUTLASS_DEVICE void store_all(Held const& held) { store_held(0, /*rest=*/true, held); }
 
   CUTLASS_DEVICE void store_tail() { staging_.wait_all(); }
 
  private:
+  // Stages and stores (or adds) slice `slice` of the consumer's rows [consumer * kRows, +kRows) of
+  // `tile`, value(i, row, col) as in CooperativeSliceStaging::stage; TMA clips the box at M and N.
+  template <class Value>
+  CUTLASS_DEVICE void store_slice(MoeTile const& tile, int slice, Value&& value) {
+    using namespace cute;
+    const int first_row = tile.m_tile * kTileM + consumer_ * kRows;
+    const int first_col = tile.n_tile * kTileN;
+    // No box wholly outside dW; no columns left: the same for the whole consumer.
+    if (first_row >= params_.m || slice * kStoreCols >= params_.n - first_col) return;
+    auto shape = make_shape(params_.m, params_.n, params_.num_experts);
+    staging_.stage(slice, value, [&](auto const& sD) {
+      auto issue = [&](auto const& tma) {
+        Tensor gD = domain_offset(make_coord(first_row, first_col + slice * kStoreCols, tile.expert),
+                                  tma.get_tma_tensor(shape));
+        Tensor box = local_tile(gD(_, _, 0), Shape<Int<kRows>, Int<kStoreCols>>{}, make_coord(0, 0));
+        auto tma_slice = tma.get_slice(Int<0>{});
+        copy(tma, tma_slice.partition_S(sD), tma_slice.partition_D(box));
+      };
+      if (params_.accumulate) {
+        issue(params_.reduce_add);
+      } else {
+        issue(params_.store);
+      }
+    });
+  }
+
   Params const& params_;
   Staging staging_;
   int consumer_;
+  MoeTile held_tile_{};   // deferred stores: the held tile
+  bool pending_ = false;  // whether a held tile has slices left to store
 };
 
 // Element: x and grad_out. ElementOut: dW (Element or float). Config: tile shape (cooperative
@@ -391,20 +458,45 @@ CUTLASS_DEVICE void MoeWgradKernel<Element, ElementOut, Config>::operator()(Para
     TiledMma tiled_mma;
     PipelineState read_state;
     CollectiveEpilogue epilogue(params.epilogue, storage.epilogue, consumer, mma_thread, group_thread);
-    for (int64_t index = first;; index += grid) {
-      MoeTile tile = scheduler.tile(index);
-      if (!tile.valid) break;
-      const int blocks = k_blocks(tile);
-      if (blocks == 0 && params.epilogue.accumulate) continue;  // adds nothing: dW[e] is left as it is
-      Tensor accum = partition_fragment_C(tiled_mma, take<0, 2>(TileShape{}));
-      if (blocks > 0) {
-        mainloop.mma(pipeline, read_state, accum, blocks, mma_thread, storage.tensors, params.mainloop);
+    if constexpr (CollectiveEpilogue::kDefers) {
+      // Each tile's outputs are held in registers and stored while the next tile's K blocks run,
+      // one slice per block, the slices left with the last block (so a tile of one or two blocks
+      // stores them all during its MMAs).
+      auto held = CollectiveEpilogue::make_held(partition_fragment_C(tiled_mma, take<0, 2>(TileShape{})));
+      for (int64_t index = first;; index += grid) {
+        MoeTile tile = scheduler.tile(index);
+        if (!tile.valid) break;
+        const int blocks = k_blocks(tile);
+        if (blocks == 0) {  // an expert with no rows: dW[e] = 0
+          epilogue.store_all(held);
+          epilogue.hold_zeros(tile, held);
+          continue;
+        }
+        Tensor accum = partition_fragment_C(tiled_mma, take<0, 2>(TileShape{}));
+        mma_pipelined<CollectiveMainloop, 0, /*kHookAfterRelease=*/true>(
+            pipeline, read_state, accum, blocks, mma_thread, storage.tensors, /*accumulate=*/false, [](int) {},
+            [&](int block) { epilogue.store_held(block, /*rest=*/block == blocks - 1, held); });
         mainloop.mma_tail(pipeline, read_state, blocks);
         read_state.advance(blocks);
-      } else {
-        clear(accum);  // an expert with no rows: dW[e] = 0
+        epilogue.hold(tile, accum, held);
       }
-      epilogue.store(tile, accum);
+      epilogue.store_all(held);
+    } else {
+      for (int64_t index = first;; index += grid) {
+        MoeTile tile = scheduler.tile(index);
+        if (!tile.valid) break;
+        const int blocks = k_blocks(tile);
+        if (blocks == 0 && params.epilogue.accumulate) continue;  // adds nothing: dW[e] is left as it is
+        Tensor accum = partition_fragment_C(tiled_mma, take<0, 2>(TileShape{}));
+        if (blocks > 0) {
+          mainloop.mma(pipeline, read_state, accum, blocks, mma_thread, storage.tensors, params.mainloop);
+          mainloop.mma_tail(pipeline, read_state, blocks);
+          read_state.advance(blocks);
+        } else {
+          clear(accum);  // an expert with no rows: dW[e] = 0
+        }
+        epilogue.store(tile, accum);
+      }
     }
     epilogue.store_tail();
   }

@@ -354,15 +354,19 @@ def test_wgrad_moe_configs_ragged_ends(config, t, k, n, counts):
 
 
 @gpu
-@pytest.mark.parametrize("backend", [wgrad_backend_param("moe")])
+@pytest.mark.parametrize("config", _WGRAD_MOE_CONFIGS or [pytest.param("none", marks=pytest.mark.skip(
+    reason="no sm90 MoE wgrad kernels in this build"))])
 @pytest.mark.parametrize("trans_b", [False, True])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_wgrad_moe_deferred_stores_every_block_count(dtype, trans_b, backend):
+def test_wgrad_moe_deferred_stores_every_block_count(dtype, trans_b, config):
     # 16-bit dW defers each tile's stores into the next tile's K blocks, one slice per block and the
-    # rest with the last block (sm90_wgrad_kernel.hpp). Experts of 0 to 7 K blocks of 64 rows, in
-    # runs of empty experts at the start, the middle and the end (the last held tile is zeros);
-    # more tiles than CTAs, so each CTA stores held tiles across experts; a partial N tile of one
-    # 8-column slice and a partial M tile. Every element of the NaN-filled output must be written.
+    # rest with the last block (sm90_wgrad_kernel.hpp); each MoE wgrad config forced. Experts of 0 to
+    # 7 K blocks of 64 rows, in runs of empty experts at the start, the middle and the end (the last
+    # held tile is zeros); more tiles than CTAs, so each CTA stores held tiles across experts; a
+    # partial N tile of one 8-column slice and a partial M tile. Every element of the NaN-filled
+    # output must be written.
+    if not runs_here("wgrad_moe"):
+        pytest.skip("no sm90 MoE wgrad kernels for this GPU")
     gen = torch.Generator(device="cuda").manual_seed(21)
     counts = [0, 0, 1, 64, 65, 0, 128, 130, 192, 0, 0, 200, 256, 257, 320, 448, 5, 63, 0, 0]
     t, k, n, e = sum(counts) + 7, 456, 520, len(counts)
@@ -371,10 +375,10 @@ def test_wgrad_moe_deferred_stores_every_block_count(dtype, trans_b, backend):
     counts = torch.tensor(counts, device="cuda")
     shape = (e, n, k) if trans_b else (e, k, n)
     out = torch.full(shape, float("nan"), device="cuda", dtype=dtype)
-    dw = moe_gemm_wgrad(x, dy, counts, trans_b=trans_b, out=out, backend=backend)
+    dw = moe_gemm_wgrad(x, dy, counts, trans_b=trans_b, out=out, backend="moe", config=config)
     check_dw(dw, cutlass_moe.moe_gemm_wgrad_reference(x, dy, counts.cpu(), trans_b=trans_b), counts.cpu(), t,
              trans_b)
-    again = moe_gemm_wgrad(x, dy, counts, trans_b=trans_b, backend=backend)
+    again = moe_gemm_wgrad(x, dy, counts, trans_b=trans_b, backend="moe", config=config)
     assert torch.equal(again, dw), "the same inputs must give the same bits"
 
 

@@ -47,7 +47,7 @@ MODELS = {
     "olmoe": (64, 2048, 1024),
     "qwen1.5-moe": (60, 2048, 1408),
 }
-ROWS = (16, 64, 256, 1024, 4096)  # average rows per expert
+ROWS = (16, 64, 256, 384, 512, 1024, 4096)  # average rows per expert
 SPLITS = ("uniform", "random", "skewed")
 
 

@@ -75,12 +75,18 @@ KernelConfig select_config(const MoeGemmProblem& problem, Backend backend, int d
     // (Mixtral and Llama 4 Scout prefill; benchmarks/NOTES.md, "The H100"). Planning without a
     // device (device < 0) takes the H200's rule.
     // Where the cooperative tile defers its stores (defer_cooperative_stores), its epilogue no
-    // longer idles the tensor cores: from 512 rows per expert it is the pick (refitted on the
-    // tenth session's sweep, benchmarks/sweep_h200.json: within 5% of the best config on 90.3% of
-    // the shapes). At 256 rows, uneven splits still favour the pingpong tile (by up to 17%: the
-    // cooperative CTAs drift apart), except where the rule below takes the cooperative tile.
+    // longer idles the tensor cores. It is then the pick from 768 rows per expert, and from 256
+    // with 32 or more experts whose weights hold 8M elements or more each (DeepSeek-V3's and
+    // gpt-oss's projections: there the pingpong tile's second read of each weight tile costs
+    // more than the cooperative tile's padding). Below 768 rows, smaller weights or few experts
+    // favour the pingpong tile on uneven splits (by up to 22%: the cooperative CTAs drift apart).
+    // Fitted on benchmarks/sweep_h200.json with its 384 and 512 rows per expert (eleventh
+    // session): within 5% of the best config on 90.0% of its 462 shapes, against 86.4% for the
+    // tenth session's rule (cooperative from 512 rows).
     const bool fast_dram = device < 0 || device_facts(device).dram_tbps >= 4.0;
-    const bool deferred_wins = defer_cooperative_stores(problem) && rows_per_expert >= 512;
+    const bool large_weights = problem.num_experts >= 32 && problem.k * problem.n >= 8'000'000;
+    const bool deferred_wins =
+        defer_cooperative_stores(problem) && (rows_per_expert >= 768 || large_weights);
     const bool cooperative = deferred_wins || (rows_per_expert >= 2048
                                               ? problem.k >= 1536
                                               : rows_per_expert > 64 && problem.k >= 2560 &&

@@ -252,8 +252,9 @@ def test_heuristic_picks_small_m_tiles_unless_experts_have_thousands_of_rows(t, 
     assert cutlass_moe.select_config(t, e, n, k, backend="grouped") == ("grouped", expect)
 
 
-# The rule fitted on benchmarks/sweep_h200.json (heuristics.cpp): the cooperative tile from 512 rows
-# per expert (bf16, K >= 256: it defers its stores), and below with deep K among many experts.
+# The rule fitted on benchmarks/sweep_h200.json (heuristics.cpp): the cooperative tile from 768 rows
+# per expert (bf16, K >= 256: it defers its stores), from 256 with 32 or more experts whose weights
+# hold 8M elements or more, and below with deep K among many experts.
 @pytest.mark.parametrize("t,e,n,k,expect", [
     (1024, 256, 4096, 7168, "sm90_pingpong_64x256x64_1x1x1"),       # dsv3-decode
     (24576, 128, 1024, 1024, "sm90_pingpong_64x256x64_1x1x1"),      # seed000-g128: 192 rows/expert
@@ -269,6 +270,10 @@ def test_heuristic_picks_small_m_tiles_unless_experts_have_thousands_of_rows(t, 
     (16384, 128, 5760, 1024, "sm90_pingpong_64x256x64_1x1x1"),      # 128 rows/expert, K = 1024
     (16384, 32, 5760, 2880, "sm90_cooperative_128x256x64_1x1x1"),   # gpt-oss-20b: 32 experts, 512 rows/expert
     (262144, 64, 2816, 2048, "sm90_cooperative_128x256x64_1x1x1"),  # 4096 rows/expert, K = 2048
+    (32768, 64, 2048, 2048, "sm90_pingpong_64x256x64_1x1x1"),       # OLMoE gate/up: 512 rows, 4M weights
+    (49152, 64, 2048, 2048, "sm90_cooperative_128x256x64_1x1x1"),   # the same at 768 rows/expert
+    (65536, 256, 7168, 2048, "sm90_cooperative_128x256x64_1x1x1"),  # DeepSeek-V3 down: 256 rows, 14.7M weights
+    (3072, 8, 28672, 4096, "sm90_pingpong_64x256x64_1x1x1"),        # Mixtral gate/up: 384 rows, 8 experts
 ])
 def test_moe_heuristic_takes_128_row_tiles_with_deep_k_among_many_experts_or_thousands_of_rows(t, e, n, k, expect):
     # device=-1: the rule as fitted (an H200's DRAM); the H100's exception is tested on the GPU.

@@ -225,7 +225,7 @@ def test_launches_per_call(backend, launches, new_output):
 def test_few_experts_pick_follows_the_dram():
     # Few experts with deep K and fewer than 512 rows each (Mixtral at 128 rows per expert, Llama 4
     # Scout at 128 and 256): the 64-row pingpong tile where DRAM is fast (the H200, and device=-1),
-    # the 128-row cooperative tile on an H100 (heuristics.cpp). From 512 rows per expert (Mixtral's
+    # the 128-row cooperative tile on an H100 (heuristics.cpp). From 768 rows per expert (Mixtral's
     # prefill) the cooperative tile defers its stores and is taken on both.
     name = torch.cuda.get_device_name()
     if torch.cuda.get_device_capability() != (9, 0) or not ("H100" in name or "H200" in name):

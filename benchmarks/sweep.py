@@ -11,7 +11,7 @@ For each shape the table (JSON) holds every config's ms, the heuristic's choice 
 floor (max(FLOPs / 790 TFLOP/s, bytes / 4.36 TB/s), the bytes being x, the weights of experts with
 rows and out). The summary, over the shapes whose floor is at least --min-floor-us (shorter ones
 are bound by the launch), gives the share of shapes where the heuristic is within 5% of the best,
-the lowest floor fractions, and the worst five.
+the lowest floor fractions, how many shapes are under 0.7 of the floor, and the worst five.
 
 To run on the GPU machine (after the build):
   python3 benchmarks/sweep.py [--models a,b] [--rows 16,128,1024] [--splits uniform,random,skewed]
@@ -96,6 +96,7 @@ def summarize(rows: List[dict], min_floor_us: float) -> Dict[str, object]:
     geo = math.exp(sum(math.log(r["heuristic_floor_fraction"]) for r in kept) / len(kept))
     return {"shapes": len(kept), "heuristic_within_5pct": within / len(kept),
             "floor_fraction_geomean": geo, "floor_fraction_min": worst[0]["heuristic_floor_fraction"],
+            "shapes_under_0.7_of_floor": sum(r["heuristic_floor_fraction"] < 0.7 for r in kept),
             "worst_five": [{k: r[k] for k in ("model", "proj", "E", "T", "K", "N", "split", "heuristic",
                                               "heuristic_ms", "best_ms", "heuristic_floor_fraction")} for r in worst]}
 

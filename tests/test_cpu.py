@@ -469,6 +469,7 @@ def test_sweep_shapes_splits_and_summary():
     summary = sweep.summarize(rows, min_floor_us=50.0)
     assert summary["shapes"] == 2 and summary["heuristic_within_5pct"] == 0.5
     assert summary["floor_fraction_min"] == pytest.approx(100.0 / 300.0)
+    assert summary["shapes_under_0.7_of_floor"] == 2
     assert summary["worst_five"][0]["T"] == 3
     # --judge: a stored table judged again with the installed heuristic, against the default
     # build's configs only (a table timed with extra configs keeps them out of "the best").

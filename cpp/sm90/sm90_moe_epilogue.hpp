@@ -384,14 +384,10 @@ class CooperativeTmaStoreEpilogue {
         held(i / 2) = reinterpret_cast<uint32_t const&>(out);
       }
     } else {
-      Fusion fusion(params_.fusion);
-      fusion.begin_tile(tile.expert);
-      const int row_start = part_row_start(tile);
-      const int first_col = tile.n_tile * kTileN;
+      auto value = fused_values(tile, accum);
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < size(accum); i += 2) {
-        out = fusion.visit({accum(i), accum(i + 1)}, row_start + staging_.thread_row() + get<0>(offsets(i)),
-                           first_col + staging_.thread_col() + get<1>(offsets(i)));
+        out = value(i, staging_.thread_row() + get<0>(offsets(i)), staging_.thread_col() + get<1>(offsets(i)));
         held(i / 2) = reinterpret_cast<uint32_t const&>(out);
       }
     }
@@ -431,16 +427,9 @@ class CooperativeTmaStoreEpilogue {
         store_slice_from<2>(tile, slice, [&](int i, int, int) { return Element(accum(i)); });
       }
     } else {
-      Fusion fusion(params_.fusion);
-      fusion.begin_tile(tile.expert);
-      const int row_start = part_row_start(tile);
-      const int first_col = tile.n_tile * kTileN;
+      auto value = fused_values(tile, accum);
       CUTLASS_PRAGMA_UNROLL
-      for (int slice = 0; slice < kSlices; ++slice) {
-        store_slice_from<1>(tile, slice, [&](int i, int row, int col) {
-          return fusion.visit({accum(i), accum(i + 1)}, row_start + row, first_col + col);
-        });
-      }
+      for (int slice = 0; slice < kSlices; ++slice) store_slice_from<1>(tile, slice, value);
     }
   }
 
@@ -455,6 +444,18 @@ class CooperativeTmaStoreEpilogue {
     } else {
       store<1>(slice, held);
     }
+  }
+
+  // The fusion's outputs of `tile`'s accumulators, as value(i, row, col) for the pair i at (row, col)
+  // of the consumer's part (CooperativeSliceStaging::stage's form).
+  template <class Accumulators>
+  CUTLASS_DEVICE auto fused_values(MoeTile const& tile, Accumulators const& accum) const {
+    Fusion fusion(params_.fusion);
+    fusion.begin_tile(tile.expert);
+    return [fusion, &accum, row_start = part_row_start(tile), first_col = tile.n_tile * kTileN](int i, int row,
+                                                                                                 int col) {
+      return fusion.visit({accum(i), accum(i + 1)}, row_start + row, first_col + col);
+    };
   }
 
   // The row of out where this consumer's part of `tile` starts (its rows [consumer * kRows, +kRows)).

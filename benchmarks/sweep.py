@@ -138,6 +138,8 @@ def main() -> int:
                         help="the forward families to time (the sm80 ones are Hopper's fallback, never auto's)")
     parser.add_argument("--warmup-ms", type=float, default=5.0)
     parser.add_argument("--rep-ms", type=float, default=25.0)
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="timings of each config per shape, in alternating order (median)")
     parser.add_argument("--judge", metavar="TABLE",
                         help="no timing: judge a stored table (e.g. benchmarks/sweep_h200.json) with the "
                              "installed heuristic, against the default build's configs")
@@ -168,7 +170,8 @@ def main() -> int:
             x = torch.randn(shape["T"], shape["K"], device="cuda", dtype=torch.bfloat16, generator=gen)
             w = torch.randn(shape["E"], shape["K"], shape["N"], device="cuda", dtype=torch.bfloat16,
                             generator=gen) * shape["K"] ** -0.5
-            times = tuning.time_configs(x, w, counts.cuda(), False, pairs, args.warmup_ms, args.rep_ms)
+            times = tuning.time_configs(x, w, counts.cuda(), False, pairs, args.warmup_ms, args.rep_ms,
+                                        args.rounds)
             heuristic = ":".join(cutlass_moe.select_config(shape["T"], shape["E"], shape["N"], shape["K"]))
             row = {**shape, "floor_us": floor_us(shape, counts), "times": times, "heuristic": heuristic,
                    "heuristic_ms": times.get(heuristic)}

@@ -444,6 +444,32 @@ def test_tuning_file_choices(tmp_path, monkeypatch):
             cutlass_moe.tune([(64, 4, 256, 128)])
 
 
+def test_time_configs_alternates_rounds_and_takes_the_median(monkeypatch):
+    # tune's and the sweep's timing: each config timed `rounds` times, the order reversed every
+    # other round, its median kept; configs that raise or disagree with the auto call left out.
+    from cutlass_moe import bench, tuning
+    calls, ticks = [], iter([3.0, 1.0, 9.0, 2.0, 5.0, 4.0, 8.0, 6.0, 7.0])
+
+    def fake_moe_gemm(x, w, counts, trans_b=False, backend="auto", config="auto"):
+        if config == "raises":
+            raise NotImplementedError("not built")
+        return x @ w[0] + (1.0 if config == "wrong" else 0.0)
+
+    def fake_bench(fn, warmup_ms, rep_ms):
+        calls.append(fn.__defaults__[1])
+        return next(ticks)
+
+    monkeypatch.setattr(ops, "moe_gemm", fake_moe_gemm)
+    monkeypatch.setattr(bench, "_do_bench", fake_bench)
+    x, w = torch.ones(4, 8), torch.ones(1, 8, 8) / 8
+    pairs = [("moe", "a"), ("moe", "raises"), ("moe", "b"), ("moe", "wrong"), ("grouped", "c")]
+    times = tuning.time_configs(x, w, torch.tensor([4]), False, pairs, 1.0, 1.0, rounds=3)
+    assert calls == ["a", "b", "c", "c", "b", "a", "a", "b", "c"]
+    assert times == {"moe:a": 4.0, "moe:b": 5.0, "grouped:c": 7.0}  # medians of (3, 4, 8), (1, 5, 6), (9, 2, 7)
+    with pytest.raises(ValueError, match="rounds"):
+        tuning.time_configs(x, w, torch.tensor([4]), False, pairs, 1.0, 1.0, rounds=0)
+
+
 def test_sweep_shapes_splits_and_summary():
     # benchmarks/sweep.py (issue 12's heuristic sweep): its splits sum to T, the skewed one gives
     # one expert half of the rows, and the summary judges the heuristic over the shapes above the floor.

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import statistics
 import tempfile
 import warnings
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
@@ -112,10 +113,15 @@ def candidates(dtype: torch.dtype, trans_b: bool) -> List[Tuple[str, str]]:
 
 
 def time_configs(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor, trans_b: bool,
-                 pairs: Sequence[Tuple[str, str]], warmup_ms: float, rep_ms: float) -> Dict[str, float]:
-    """ms of each (backend, config) that runs this call ("backend:config" -> do_bench median),
-    leaving out those that raise (not for this GPU or shape) or whose result differs from the
-    auto call's beyond bf16 rounding."""
+                 pairs: Sequence[Tuple[str, str]], warmup_ms: float, rep_ms: float,
+                 rounds: int = 1) -> Dict[str, float]:
+    """ms of each (backend, config) that runs this call ("backend:config" -> the median over
+    `rounds` do_bench medians), leaving out those that raise (not for this GPU or shape) or whose
+    result differs from the auto call's beyond bf16 rounding. The rounds alternate the configs'
+    order (forward, then backward, ...): one timing of each moved by up to 10% between runs on the
+    H200 (benchmarks/NOTES.md, twelfth session), more than the differences a choice turns on."""
+    if rounds < 1:
+        raise ValueError(f"rounds: expected at least 1, got {rounds}")
     from .bench import _do_bench  # the project's timing: do_bench's median, L2 flushed between runs
     from .ops import moe_gemm
 
@@ -127,7 +133,7 @@ def time_configs(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor, trans_b
         return all(torch.allclose(y[i:i + step].float(), reference[i:i + step].float(), rtol=2e-2, atol=2e-2 * scale)
                    for i in range(0, y.shape[0], step))
 
-    times = {}
+    runs = {}
     for backend, config in pairs:
         run = lambda b=backend, c=config: moe_gemm(x, w, counts, trans_b=trans_b, backend=b, config=c)
         try:
@@ -135,14 +141,18 @@ def time_configs(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor, trans_b
         except (NotImplementedError, ValueError):
             continue
         if close(y):
-            times[f"{backend}:{config}"] = _do_bench(run, warmup_ms, rep_ms)
+            runs[f"{backend}:{config}"] = run
         del y
-    return times
+    samples = {name: [] for name in runs}
+    for r in range(rounds):
+        for name in (list(runs) if r % 2 == 0 else list(reversed(runs))):
+            samples[name].append(_do_bench(runs[name], warmup_ms, rep_ms))
+    return {name: statistics.median(ms) for name, ms in samples.items()}
 
 
 def tune(problems: Iterable[Problem], *, dtype: torch.dtype = torch.bfloat16, trans_b: bool = False,
          device: Optional[int] = None, save: bool = True, warmup_ms: float = 10.0,
-         rep_ms: float = 50.0) -> List[dict]:
+         rep_ms: float = 50.0, rounds: int = 3) -> List[dict]:
     """Times every built (backend, config) of the forward families on each problem and remembers
     the fastest for ``moe_gemm(..., backend="auto", config="auto")`` of that shape.
 
@@ -153,7 +163,8 @@ def tune(problems: Iterable[Problem], *, dtype: torch.dtype = torch.bfloat16, tr
         dtype: torch.bfloat16 or torch.float16.
         device: CUDA device index (default: the current one).
         save: merge the choices into :func:`tuning_file` (and use them in this process at once).
-        warmup_ms, rep_ms: per config, as ``triton.testing.do_bench`` takes them.
+        warmup_ms, rep_ms: per config and round, as ``triton.testing.do_bench`` takes them.
+        rounds: timings of each config, in alternating order; each config's time is their median.
 
     Returns:
         One dict per problem: the shape, ``backend`` and ``config`` chosen with their ``ms``, the
@@ -181,7 +192,7 @@ def tune(problems: Iterable[Problem], *, dtype: torch.dtype = torch.bfloat16, tr
             counts = torch.full((num_experts,), num_tokens // num_experts, dtype=torch.int32)
             counts[-1] += num_tokens - int(counts.sum())
             counts = counts.cuda()
-            times = time_configs(x, w, counts, trans_b, pairs, warmup_ms, rep_ms)
+            times = time_configs(x, w, counts, trans_b, pairs, warmup_ms, rep_ms, rounds)
             if not times:
                 raise RuntimeError(f"tune: no built kernel runs T={num_tokens} E={num_experts} K={k} N={n} here")
             best = min(times, key=times.get)

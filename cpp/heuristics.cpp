@@ -82,7 +82,10 @@ KernelConfig select_config(const MoeGemmProblem& problem, Backend backend, int d
     // favour the pingpong tile on uneven splits (by up to 22%: the cooperative CTAs drift apart).
     // Fitted on benchmarks/sweep_h200.json with its 384 and 512 rows per expert (eleventh
     // session): within 5% of the best config on 90.0% of its 462 shapes, against 86.4% for the
-    // tenth session's rule (cooperative from 512 rows).
+    // tenth session's rule (cooperative from 512 rows). The table re-timed in alternating rounds
+    // (twelfth session, the stored one now) puts this rule within 5% on 96.1%; the two rules tried
+    // on it for few experts (the grouped pingpong tile, the cooperative tile for wide N) scored
+    // lower (benchmarks/NOTES.md).
     const bool fast_dram = device < 0 || device_facts(device).dram_tbps >= 4.0;
     const bool large_weights = problem.num_experts >= 32 && problem.k * problem.n >= 8'000'000;
     const bool deferred_wins =

@@ -302,6 +302,50 @@ class CooperativeSliceStaging {
   int thread_col_;
 };
 
+// A finished tile held for deferred stores (both sm90 MoE kernels' cooperative tiles): its 16-bit
+// outputs wait in registers, one 32-bit word per accumulator pair (make_registers, pack, unpack),
+// and its slices are stored while the next tile's K blocks run (store). Which tile is held and
+// whether slices of it are left live here.
+template <class Element, int kSlices>
+class HeldTile {
+ public:
+  using Pair = cutlass::Array<Element, 2>;
+
+  template <class Accumulators>
+  CUTLASS_DEVICE static auto make_registers(Accumulators const&) {
+    using namespace cute;
+    static_assert(sizeof(Pair) == sizeof(uint32_t), "two 16-bit outputs per register");
+    return make_tensor<uint32_t>(Int<decltype(size(Accumulators{}))::value / 2>{});
+  }
+  CUTLASS_DEVICE static uint32_t pack(Pair const& pair) { return reinterpret_cast<uint32_t const&>(pair); }
+  CUTLASS_DEVICE static Pair unpack(uint32_t word) { return reinterpret_cast<Pair const&>(word); }
+
+  // From now on `tile` is held, with all its slices left. The previous one must have been stored.
+  CUTLASS_DEVICE void hold(MoeTile const& tile) {
+    tile_ = tile;
+    pending_ = true;
+  }
+  CUTLASS_DEVICE MoeTile const& tile() const { return tile_; }
+
+  // Calls store_slice(slice) for slice `first` of the held tile, and with `rest` for every slice
+  // after it, if a tile is held; once its last slice is stored, none is. `first` is a run-time
+  // index: the unrolled loop gives each slice its own code, with its registers and columns known
+  // at compile time.
+  template <class StoreSlice>
+  CUTLASS_DEVICE void store(int first, bool rest, StoreSlice&& store_slice) {
+    if (!pending_) return;
+    CUTLASS_PRAGMA_UNROLL
+    for (int slice = 0; slice < kSlices; ++slice) {
+      if (slice == first || (rest && slice > first)) store_slice(slice);
+    }
+    if (rest || first == kSlices - 1) pending_ = false;
+  }
+
+ private:
+  MoeTile tile_{};
+  bool pending_ = false;  // whether the held tile has slices left to store
+};
+
 // Cooperative MoE tiles: each consumer stores its rows of the tile through the ragged view of out,
 // two slices in flight. The stores may be deferred, so that the tensor cores do not wait for them:
 //   - hold() turns a finished tile's accumulators into its outputs, in registers (`held`, in the
@@ -357,19 +401,20 @@ class CooperativeTmaStoreEpilogue {
     check_supported_fusion<Fusion>();
   }
 
+  using Held = HeldTile<Element, kSlices>;
+
   // The registers hold() fills: one 32-bit word per accumulator pair, holding the pair's two
   // outputs (a gated tile: its one output, in the low half).
   template <class Accumulators>
   CUTLASS_DEVICE static auto make_held(Accumulators const& accum) {
-    using namespace cute;
-    return make_tensor<uint32_t>(Int<decltype(size(accum))::value / 2>{});
+    return Held::make_registers(accum);
   }
 
   // Takes `tile`'s outputs out of the accumulators: the fusion's values, or for a gated tile each
   // pair's combined first value (the kernel's FusedEpilogue has made it). Every slice of the
   // previous held tile must have been stored.
-  template <class Accumulators, class Held>
-  CUTLASS_DEVICE void hold(MoeTile const& tile, Accumulators const& accum, Held& held) {
+  template <class Accumulators, class Registers>
+  CUTLASS_DEVICE void hold(MoeTile const& tile, Accumulators const& accum, Registers& held) {
     using namespace cute;
     Tensor offsets = TiledMma{}.get_thread_slice(0).partition_C(
         make_identity_tensor(make_shape(Int<kTileM>{}, Int<kTileN>{})));
@@ -381,40 +426,29 @@ class CooperativeTmaStoreEpilogue {
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < size(accum); i += 2) {
         out[0] = Element(accum(i));
-        held(i / 2) = reinterpret_cast<uint32_t const&>(out);
+        held(i / 2) = Held::pack(out);
       }
     } else {
       auto value = fused_values(tile, accum);
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < size(accum); i += 2) {
         out = value(i, staging_.thread_row() + get<0>(offsets(i)), staging_.thread_col() + get<1>(offsets(i)));
-        held(i / 2) = reinterpret_cast<uint32_t const&>(out);
+        held(i / 2) = Held::pack(out);
       }
     }
-    tile_ = tile;
-    pending_ = true;
+    held_.hold(tile);
   }
 
-  // Stores slice k of the held tile, if it has one; after the last slice, no tile is held. k is a
-  // run-time index: the unrolled loop below gives each slice its own code, with its columns known
-  // at compile time.
-  template <class Held>
-  CUTLASS_DEVICE void store_slice(int k, Held const& held) {
-    if (!pending_) return;
-    CUTLASS_PRAGMA_UNROLL
-    for (int slice = 0; slice < kSlices; ++slice) {
-      if (slice == k) store_slice_of(slice, held);
-    }
-    if (k == kSlices - 1) pending_ = false;
+  // Stores slice k of the held tile, if it has one; after the last slice, no tile is held.
+  template <class Registers>
+  CUTLASS_DEVICE void store_slice(int k, Registers const& held) {
+    held_.store(k, /*rest=*/false, [&](int slice) { store_slice_of(slice, held); });
   }
 
   // Stores every slice of the held tile, if there is one; then none is held.
-  template <class Held>
-  CUTLASS_DEVICE void store_all(Held const& held) {
-    if (!pending_) return;
-    CUTLASS_PRAGMA_UNROLL
-    for (int slice = 0; slice < kSlices; ++slice) store_slice_of(slice, held);
-    pending_ = false;
+  template <class Registers>
+  CUTLASS_DEVICE void store_all(Registers const& held) {
+    held_.store(0, /*rest=*/true, [&](int slice) { store_slice_of(slice, held); });
   }
 
   // Stores `tile` straight from its accumulators, slice after slice (where the kernel does not
@@ -437,8 +471,8 @@ class CooperativeTmaStoreEpilogue {
 
  private:
   // A gated tile has half as many slices.
-  template <class Held>
-  CUTLASS_DEVICE void store_slice_of(int slice, Held const& held) {
+  template <class Registers>
+  CUTLASS_DEVICE void store_slice_of(int slice, Registers const& held) {
     if (params_.gated) {
       if (slice < Staging::kSlices / 2) store<2>(slice, held);
     } else {
@@ -464,11 +498,10 @@ class CooperativeTmaStoreEpilogue {
   }
 
   // Stores slice `slice` of the held tile.
-  template <int kPack, class Held>
-  CUTLASS_DEVICE void store(int slice, Held const& held) {
-    store_slice_from<kPack>(tile_, slice, [&](int i, int, int) {
-      const uint32_t word = held(i / 2);
-      auto const& pair = reinterpret_cast<cutlass::Array<Element, 2> const&>(word);
+  template <int kPack, class Registers>
+  CUTLASS_DEVICE void store(int slice, Registers const& held) {
+    store_slice_from<kPack>(held_.tile(), slice, [&](int i, int, int) {
+      const auto pair = Held::unpack(held(i / 2));
       if constexpr (kPack == 1) {
         return pair;
       } else {
@@ -508,8 +541,7 @@ class CooperativeTmaStoreEpilogue {
   Params const& params_;
   Staging staging_;
   int consumer_;
-  MoeTile tile_{};        // the held tile
-  bool pending_ = false;  // whether a held tile has slices left to store
+  Held held_;  // deferred stores: the held tile
 };
 
 }  // namespace cutlass_moe::sm90

@@ -135,58 +135,46 @@ class WgradTmaStoreEpilogue {
     }
   }
 
-  // Deferred stores (kDefers). The registers hold() fills: one 32-bit word per accumulator pair,
-  // the pair's two outputs.
+  // Deferred stores (kDefers): the registers hold() fills, one 32-bit word per accumulator pair, the
+  // pair's two outputs (HeldTile).
+  using Held = HeldTile<ElementOut, Staging::kSlices>;
   template <class Accumulators>
-  CUTLASS_DEVICE static auto make_held(Accumulators const&) {
-    using namespace cute;
-    return make_tensor<uint32_t>(Int<decltype(size(Accumulators{}))::value / 2>{});
+  CUTLASS_DEVICE static auto make_held(Accumulators const& accum) {
+    return Held::make_registers(accum);
   }
 
   // Takes `tile`'s outputs out of its accumulators. The previous held tile must have been stored.
-  template <class Accumulators, class Held>
-  CUTLASS_DEVICE void hold(MoeTile const& tile, Accumulators const& accum, Held& held) {
+  template <class Accumulators, class Registers>
+  CUTLASS_DEVICE void hold(MoeTile const& tile, Accumulators const& accum, Registers& held) {
     using namespace cute;
     static_assert(2 * decltype(size(held))::value == decltype(size(accum))::value);
     CUTLASS_PRAGMA_UNROLL
     for (int i = 0; i < size(accum); i += 2) {
-      const auto pair = cutlass::NumericArrayConverter<ElementOut, float, 2>{}({accum(i), accum(i + 1)});
-      held(i / 2) = reinterpret_cast<uint32_t const&>(pair);
+      held(i / 2) = Held::pack(cutlass::NumericArrayConverter<ElementOut, float, 2>{}({accum(i), accum(i + 1)}));
     }
-    held_tile_ = tile;
-    pending_ = true;
+    held_.hold(tile);
   }
 
   // Holds an expert with no rows: its tile of dW is zeros.
-  template <class Held>
-  CUTLASS_DEVICE void hold_zeros(MoeTile const& tile, Held& held) {
+  template <class Registers>
+  CUTLASS_DEVICE void hold_zeros(MoeTile const& tile, Registers& held) {
     using namespace cute;
     CUTLASS_PRAGMA_UNROLL
     for (int i = 0; i < size(held); ++i) held(i) = 0u;
-    held_tile_ = tile;
-    pending_ = true;
+    held_.hold(tile);
   }
 
   // Stores slice k of the held tile, and with `rest` every slice after it as well; once its last
-  // slice is stored, no tile is held. k is a run-time index: the unrolled loop gives each slice its
-  // own code, with its registers and columns known at compile time.
-  template <class Held>
-  CUTLASS_DEVICE void store_held(int k, bool rest, Held const& held) {
-    if (!pending_) return;
-    CUTLASS_PRAGMA_UNROLL
-    for (int slice = 0; slice < Staging::kSlices; ++slice) {
-      if (slice == k || (rest && slice > k)) {
-        store_slice(held_tile_, slice, [&](int i, int, int) {
-          const uint32_t word = held(i / 2);
-          return reinterpret_cast<cutlass::Array<ElementOut, 2> const&>(word);
-        });
-      }
-    }
-    if (rest || k == Staging::kSlices - 1) pending_ = false;
+  // slice is stored, no tile is held.
+  template <class Registers>
+  CUTLASS_DEVICE void store_held(int k, bool rest, Registers const& held) {
+    held_.store(k, rest, [&](int slice) {
+      store_slice(held_.tile(), slice, [&](int i, int, int) { return Held::unpack(held(i / 2)); });
+    });
   }
 
-  template <class Held>
-  CUTLASS_DEVICE void store_all(Held const& held) { store_held(0, /*rest=*/true, held); }
+  template <class Registers>
+  CUTLASS_DEVICE void store_all(Registers const& held) { store_held(0, /*rest=*/true, held); }
 
   CUTLASS_DEVICE void store_tail() { staging_.wait_all(); }
 
@@ -220,8 +208,7 @@ class WgradTmaStoreEpilogue {
   Params const& params_;
   Staging staging_;
   int consumer_;
-  MoeTile held_tile_{};   // deferred stores: the held tile
-  bool pending_ = false;  // whether a held tile has slices left to store
+  Held held_;  // deferred stores: the held tile
 };
 
 // Element: x and grad_out. ElementOut: dW (Element or float). Config: tile shape (cooperative

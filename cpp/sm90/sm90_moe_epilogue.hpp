@@ -401,14 +401,9 @@ class CooperativeTmaStoreEpilogue {
     check_supported_fusion<Fusion>();
   }
 
+  // The registers hold() fills (Held::make_registers): one 32-bit word per accumulator pair,
+  // holding the pair's two outputs (a gated tile: its one output, in the low half).
   using Held = HeldTile<Element, kSlices>;
-
-  // The registers hold() fills: one 32-bit word per accumulator pair, holding the pair's two
-  // outputs (a gated tile: its one output, in the low half).
-  template <class Accumulators>
-  CUTLASS_DEVICE static auto make_held(Accumulators const& accum) {
-    return Held::make_registers(accum);
-  }
 
   // Takes `tile`'s outputs out of the accumulators: the fusion's values, or for a gated tile each
   // pair's combined first value (the kernel's FusedEpilogue has made it). Every slice of the

@@ -295,7 +295,7 @@ class MoeGemmKernel {
     CollectiveMainloop mainloop;
     TiledMma tiled_mma;
     PipelineState read_state;
-    auto held = CollectiveEpilogue::make_held(partition_fragment_C(tiled_mma, take<0, 2>(TileShape{})));
+    auto held = CollectiveEpilogue::Held::make_registers(partition_fragment_C(tiled_mma, take<0, 2>(TileShape{})));
     for (int64_t index = blockIdx.x;; index += gridDim.x) {
       MoeTile tile = scheduler.tile(index);
       if (!tile.valid) break;

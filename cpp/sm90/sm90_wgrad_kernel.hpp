@@ -135,13 +135,9 @@ class WgradTmaStoreEpilogue {
     }
   }
 
-  // Deferred stores (kDefers): the registers hold() fills, one 32-bit word per accumulator pair, the
-  // pair's two outputs (HeldTile).
+  // Deferred stores (kDefers): the registers hold() fills (Held::make_registers), one 32-bit word
+  // per accumulator pair, the pair's two outputs.
   using Held = HeldTile<ElementOut, Staging::kSlices>;
-  template <class Accumulators>
-  CUTLASS_DEVICE static auto make_held(Accumulators const& accum) {
-    return Held::make_registers(accum);
-  }
 
   // Takes `tile`'s outputs out of its accumulators. The previous held tile must have been stored.
   template <class Accumulators, class Registers>
@@ -449,7 +445,7 @@ CUTLASS_DEVICE void MoeWgradKernel<Element, ElementOut, Config>::operator()(Para
       // Each tile's outputs are held in registers and stored while the next tile's K blocks run,
       // one slice per block, the slices left with the last block (so a tile of one or two blocks
       // stores them all during its MMAs).
-      auto held = CollectiveEpilogue::make_held(partition_fragment_C(tiled_mma, take<0, 2>(TileShape{})));
+      auto held = CollectiveEpilogue::Held::make_registers(partition_fragment_C(tiled_mma, take<0, 2>(TileShape{})));
       for (int64_t index = first;; index += grid) {
         MoeTile tile = scheduler.tile(index);
         if (!tile.valid) break;

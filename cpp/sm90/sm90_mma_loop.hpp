@@ -25,11 +25,15 @@ namespace cutlass_moe::sm90 {
 //     some of them may not run drew C7515, and so did a second path for such tiles): the caller
 //     ensures k_tiles >= kPeeled. The others call loop_hook(k_tile). Neither may touch accum.
 // mma_thread: the thread's index in the tiled MMA (both consumers: 0..255; pingpong: 0..127).
+// last_k_steps: how many of the last K block's MMA steps (k-slices of the instruction's K) to
+// issue; the others are skipped. The wgrad's last block of an expert holds its last rows first and
+// zeros after them, so the steps past those rows would add exact zeros.
 template <class CollectiveMainloop, int kPeeled, bool kHookAfterRelease, class Pipeline, class PipelineState,
           class Accumulators, class PeeledHook, class LoopHook>
 CUTLASS_DEVICE void mma_pipelined(Pipeline& pipeline, PipelineState read_state, Accumulators& accum, int k_tiles,
                                   int mma_thread, typename CollectiveMainloop::TensorStorage& tensors,
-                                  bool accumulate, PeeledHook&& peeled_hook, LoopHook&& loop_hook) {
+                                  bool accumulate, PeeledHook&& peeled_hook, LoopHook&& loop_hook,
+                                  int last_k_steps = 1 << 30) {
   using namespace cute;
   using TiledMma = typename CollectiveMainloop::TiledMma;
   static_assert(CollectiveMainloop::K_PIPE_MMAS == 1, "one K block in flight, as the collective");
@@ -47,11 +51,14 @@ CUTLASS_DEVICE void mma_pipelined(Pipeline& pipeline, PipelineState read_state, 
     pipeline.consumer_wait(read_state, pipeline.consumer_try_wait(read_state));
     const int stage = read_state.index();
     warpgroup_fence_operand(accum);
+    const int k_steps = k_tile == k_tiles - 1 ? last_k_steps : int{size<2>(tCrA)};
     warpgroup_arrive();
     CUTLASS_PRAGMA_UNROLL
     for (int k = 0; k < size<2>(tCrA); ++k) {
-      cute::gemm(tiled_mma, tCrA(_, _, k, stage), tCrB(_, _, k, stage), accum);
-      tiled_mma.accumulate_ = GMMA::ScaleOut::One;
+      if (k == 0 || k < k_steps) {  // warp-uniform
+        cute::gemm(tiled_mma, tCrA(_, _, k, stage), tCrB(_, _, k, stage), accum);
+        tiled_mma.accumulate_ = GMMA::ScaleOut::One;
+      }
     }
     warpgroup_commit_batch();
     if constexpr (!kHookAfterRelease) hook(k_tile);

@@ -26,7 +26,9 @@
 // j + i - kTileK of x or grad_out), with i < kTileK and j <= T. The K block of rows [end - r, end)
 // (r <= kTileK) is the box at (m0, kTileK - r, end): those rows are the box's first r, the rest of
 // the box has i >= kTileK, outside the view. Both operands zero-fill the same positions, so the
-// padding adds exact zeros (never 0 x NaN from another expert's rows).
+// padding adds exact zeros (never 0 x NaN from another expert's rows). The MMA steps (16 rows each
+// in 16 bits) of the last block that hold only padding are not issued (mma_pipelined's
+// last_k_steps): 2-3% faster on the public shapes, bitwise the same (benchmarks/NOTES.md).
 #pragma once
 
 #include "sm90/sm90_tma_encode.hpp"  // first: routes every TMA encode through a checked call
@@ -390,6 +392,11 @@ CUTLASS_DEVICE void MoeWgradKernel<Element, ElementOut, Config>::operator()(Para
   const int64_t first = blockIdx.x;
   const int64_t grid = gridDim.x;
   auto k_blocks = [](MoeTile const& tile) { return (tile.rows + kTileK - 1) / kTileK; };
+  // MMA steps of the tile's last K block that reach its rows (the block's first rows, zeros after).
+  auto last_k_steps = [](MoeTile const& tile, int blocks) {
+    constexpr int kStepK = cute::size<2>(typename TiledMma::AtomShape_MNK{});
+    return (tile.rows - (blocks - 1) * kTileK + kStepK - 1) / kStepK;
+  };
 
   if (warp_group == 0) {
     cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();
@@ -458,7 +465,8 @@ CUTLASS_DEVICE void MoeWgradKernel<Element, ElementOut, Config>::operator()(Para
         Tensor accum = partition_fragment_C(tiled_mma, take<0, 2>(TileShape{}));
         mma_pipelined<CollectiveMainloop, 0, /*kHookAfterRelease=*/true>(
             pipeline, read_state, accum, blocks, mma_thread, storage.tensors, /*accumulate=*/false, [](int) {},
-            [&](int block) { epilogue.store_held(block, /*rest=*/block == blocks - 1, held); });
+            [&](int block) { epilogue.store_held(block, /*rest=*/block == blocks - 1, held); },
+            last_k_steps(tile, blocks));
         mainloop.mma_tail(pipeline, read_state, blocks);
         read_state.advance(blocks);
         epilogue.hold(tile, accum, held);
@@ -472,7 +480,9 @@ CUTLASS_DEVICE void MoeWgradKernel<Element, ElementOut, Config>::operator()(Para
         if (blocks == 0 && params.epilogue.accumulate) continue;  // adds nothing: dW[e] is left as it is
         Tensor accum = partition_fragment_C(tiled_mma, take<0, 2>(TileShape{}));
         if (blocks > 0) {
-          mainloop.mma(pipeline, read_state, accum, blocks, mma_thread, storage.tensors, params.mainloop);
+          mma_pipelined<CollectiveMainloop, 0, /*kHookAfterRelease=*/true>(
+              pipeline, read_state, accum, blocks, mma_thread, storage.tensors, /*accumulate=*/false, [](int) {},
+              [](int) {}, last_k_steps(tile, blocks));
           mainloop.mma_tail(pipeline, read_state, blocks);
           read_state.advance(blocks);
         } else {

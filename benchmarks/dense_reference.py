@@ -1,0 +1,84 @@
+"""What a dense GEMM of the same FLOPs reaches: an attainable-efficiency reference for issue 12's
+floor bar on the compute-bound public cases.
+
+For each compute-bound case (floor set by FLOPs: T x K x N at 790 TFLOP/s), three things are timed
+side by side in alternating rounds:
+  ours         cutlass_moe.moe_gemm(x, w, counts) with its defaults (the bench's case and counts);
+  dense        torch.mm(x, w[0]) on the whole (T, K) x (K, N): the same FLOPs as one expert holding
+               every row, through cuBLAS: no ragged tiles, no per-expert padding, no expert switches;
+  dense bmm    torch.bmm over E equal groups of T / E rows (where E divides T): the same FLOPs split
+               evenly, through cuBLAS's batched GEMM.
+The floor fractions of the dense runs bound what tiling these FLOPs on this GPU reaches in
+practice: where cuBLAS's dense GEMM itself sits well under 0.85 of the floor, the gap is the
+GPU's (clocks under sustained tensor load, wave quantization, ramp-up), not the ragged split's.
+
+To run (on the GPU machine): python3 benchmarks/dense_reference.py [--rounds 5] [--cases a,b]
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+
+import torch
+
+import cutlass_moe
+from cutlass_moe import bench
+
+PEAK_TFLOPS = 790.0
+DRAM_TBPS = 4.36
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--cases", default=None, help="comma-separated case names (default: the compute-bound ones)")
+    args = parser.parse_args()
+    cases = bench.load_cases()
+    counts_by_case = bench.case_counts(cases)
+    wanted = set(args.cases.split(",")) if args.cases else None
+    print(f"dense_reference on {torch.cuda.get_device_name()}, torch {torch.__version__}; "
+          f"floor = 2TKN / {PEAK_TFLOPS:.0f} TFLOP/s; medians of {args.rounds} alternating rounds")
+    print(f"{'case':<20} {'floor ms':>8} {'ours ms':>8} {'dense ms':>8} {'bmm ms':>8} "
+          f"{'ours %':>7} {'dense %':>7} {'bmm %':>7} {'ours/dense':>10}")
+    fractions = {"ours": [], "dense": []}
+    for case in cases:
+        t, k, n, e = case["T"], case["K"], case["N"], case["E"]
+        flops_ms = 2.0 * t * k * n / (PEAK_TFLOPS * 1e12) * 1e3
+        # Compute-bound cases only: elsewhere the dense GEMM reads one expert's weights, not E.
+        # (cases.json rounds floor_ms to the microsecond.)
+        if (wanted is not None and case["name"] not in wanted) or case["floor_ms"] > flops_ms * 1.01:
+            continue
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        x = torch.randn(t, k, device="cuda", dtype=torch.bfloat16, generator=gen)
+        w = torch.randn(e, k, n, device="cuda", dtype=torch.bfloat16, generator=gen) * k ** -0.5
+        counts = counts_by_case[case["name"]].to("cuda", torch.int32)
+        runners = {"ours": lambda: cutlass_moe.moe_gemm(x, w, counts),
+                   "dense": lambda: torch.mm(x, w[0])}
+        if t % e == 0:
+            xb = x.view(e, t // e, k)
+            runners["bmm"] = lambda: torch.bmm(xb, w)
+        times = {name: [] for name in runners}
+        names = list(runners)
+        for r in range(args.rounds):
+            for name in (names if r % 2 == 0 else names[::-1]):
+                times[name].append(bench._do_bench(runners[name], 25, 100))
+        med = {name: statistics.median(v) for name, v in times.items()}
+        fractions["ours"].append(flops_ms / med["ours"])
+        fractions["dense"].append(flops_ms / med["dense"])
+        bmm = med.get("bmm")
+        print(f"{case['name']:<20} {flops_ms:8.3f} {med['ours']:8.3f} {med['dense']:8.3f} "
+              f"{bmm if bmm else float('nan'):8.3f} {100 * flops_ms / med['ours']:6.1f}% "
+              f"{100 * flops_ms / med['dense']:6.1f}% "
+              f"{100 * flops_ms / bmm if bmm else float('nan'):6.1f}% {med['dense'] / med['ours']:10.3f}",
+              flush=True)
+        del x, w, runners
+        torch.cuda.empty_cache()
+    for name, values in fractions.items():
+        if values:
+            geo = math.exp(sum(math.log(v) for v in values) / len(values))
+            print(f"{name}: floor fraction geomean {geo:.3f}, min {min(values):.3f}")
+
+
+if __name__ == "__main__":
+    main()

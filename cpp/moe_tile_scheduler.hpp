@@ -100,6 +100,11 @@ class ExpertTileScheduler {
   // invalid tile (the walk has then loaded the window of the last expert). The whole warp calls it.
   CUTLASS_DEVICE int owned_rows_end() const { return __shfl_sync(0xffffffff, row_start_ + rows_, 31); }
 
+  // How many tiles there are; valid, as owned_rows_end(), once tile() has returned an invalid tile.
+  CUTLASS_DEVICE int64_t total_tiles() const {
+    return window_first_tile_ + __shfl_sync(0xffffffff, tiles_incl_, 31);
+  }
+
  private:
   template <class T>
   CUTLASS_DEVICE static T warp_inclusive_sum(T value, int lane) {

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import cutlass_moe
-from cutlass_moe import moe_gemm
+from cutlass_moe import moe_gemm, moe_gemm_reference
 from cutlass_moe.reference import assert_close_per_expert
 
 from conftest import (backend_param, is_built, random_counts, requires_cuda, requires_kernels, runs_here,
@@ -161,6 +161,58 @@ def test_public_case_splits(case, backend, config):
     y = moe_gemm(x, w, counts.cuda(), backend=backend, config=config)
     torch.cuda.synchronize()
     check(y, x, w, counts, False)
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["plain", "fused"])
+@pytest.mark.parametrize("n", [256, 384])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("last_round", ["one", "few", "half", "over_half"])
+def test_cooperative_tile_halves_a_short_last_round(last_round, dtype, n, fused):
+    # The cooperative MoE tile cuts a last round of L <= G / 2 tiles (G CTAs) into 64-row halves, taken
+    # by CTAs c and L + c (sm90_moe_kernel.hpp, CooperativeUnits). Tile counts of 2G + L: the last
+    # round holds partial tiles of 1 to 128 rows (a second half of no rows where the tile has <= 64),
+    # after a zero-count expert; one (n = 256) or two column tiles, the second partial (n = 384);
+    # bf16 (stores deferred; with a bias, seeded) and fp16 (stored after each tile); with and without
+    # a bias, activation and row scale; rows past the owned ones NaN-poisoned (out=) or zeroed
+    # (a new output). "over_half" (L > G / 2) keeps whole tiles.
+    skip_unless_built("moe", dtype, "kn", COOPERATIVE)
+    if not runs_here("moe"):
+        pytest.skip("no sm90 MoE kernels for this GPU")
+    grid = torch.cuda.get_device_properties(0).multi_processor_count
+    partial = {"one": 1, "few": 7, "half": grid // 2, "over_half": grid // 2 + 1}[last_round]
+    tiles_n = (n + 255) // 256
+    head, tail = [5, 0, 300], [30, 100, 0, 64, 65, 128, 1]  # 4 and 6 row tiles
+    row_tiles = (2 * grid + partial + tiles_n - 1) // tiles_n  # tiles = row_tiles * tiles_n
+    big = 128 * (row_tiles - 10 - 1) + 77
+    counts = torch.tensor(head + [big] + tail, dtype=torch.int32)
+    t, k, e = int(counts.sum()) + 9, 384, len(counts)
+    gen = torch.Generator(device="cuda").manual_seed(partial)
+    x = torch.randn(t, k, device="cuda", dtype=dtype, generator=gen)
+    w = torch.randn(e, k, n, device="cuda", dtype=dtype, generator=gen) * k ** -0.5
+    kwargs = {}
+    if fused:
+        kwargs = dict(bias=torch.randn(e, n, device="cuda", dtype=dtype, generator=gen), activation="silu",
+                      row_scale=torch.rand(t, device="cuda", generator=gen))
+    ref = moe_gemm_reference(x.cpu(), w.cpu(), counts,
+                             **{a: v.cpu() if isinstance(v, torch.Tensor) else v for a, v in kwargs.items()})
+    out = torch.full((t, n), float("nan"), device="cuda", dtype=dtype)
+    got = moe_gemm(x, w, counts.cuda(), out=out, backend="moe", config=COOPERATIVE, **kwargs)
+    new = moe_gemm(x, w, counts.cuda(), backend="moe", config=COOPERATIVE, **kwargs)
+    assert torch.equal(new[:t - 9], got[:t - 9]), "the same inputs must give the same bits"
+    assert bool((new[t - 9:] == 0).all()), "a new output's rows past the owned rows must be zeros"
+    assert torch.isnan(got[t - 9:].float()).all(), "rows past the owned rows must be left unwritten"
+    start = 0
+    for i, c in enumerate(counts.tolist()):
+        rows = slice(start, start + c)
+        start += c
+        if c == 0:
+            continue
+        g, r = got[rows].float().cpu(), ref[rows].float()
+        assert bool(torch.isfinite(g).all()), f"expert {i}: non-finite outputs"
+        err = float((g - r).norm() / r.norm().clamp_min(1e-30))
+        assert err < 1e-2, f"expert {i} ({c} rows): relative error {err:.2e}"
+        worst = float(((g - r).abs() / (r.abs() + r.abs().mean())).max())
+        assert worst < 5e-2, f"expert {i} ({c} rows): an element off by {worst:.2e} (a wrong row?)"
 
 
 @backends

@@ -26,7 +26,7 @@ namespace cutlass_moe::sm90 {
 //     ensures k_tiles >= kPeeled. The others call loop_hook(k_tile). Neither may touch accum.
 // mma_thread: the thread's index in the tiled MMA (both consumers: 0..255; pingpong: 0..127).
 // last_k_steps: how many of the last K block's MMA steps (k-slices of the instruction's K) to
-// issue; the others are skipped. The wgrad's last block of an expert holds its last rows first and
+// issue (at least 1); the others are skipped. The wgrad's last block of an expert holds its last rows first and
 // zeros after them, so the steps past those rows would add exact zeros.
 template <class CollectiveMainloop, int kPeeled, bool kHookAfterRelease, class Pipeline, class PipelineState,
           class Accumulators, class PeeledHook, class LoopHook>
@@ -55,7 +55,7 @@ CUTLASS_DEVICE void mma_pipelined(Pipeline& pipeline, PipelineState read_state, 
     warpgroup_arrive();
     CUTLASS_PRAGMA_UNROLL
     for (int k = 0; k < size<2>(tCrA); ++k) {
-      if (k == 0 || k < k_steps) {  // warp-uniform
+      if (k < k_steps) {  // warp-uniform
         cute::gemm(tiled_mma, tCrA(_, _, k, stage), tCrB(_, _, k, stage), accum);
         tiled_mma.accumulate_ = GMMA::ScaleOut::One;
       }
@@ -77,6 +77,32 @@ CUTLASS_DEVICE void mma_pipelined(Pipeline& pipeline, PipelineState read_state, 
   CUTLASS_PRAGMA_NO_UNROLL
   for (int k_tile = kPeeled; k_tile < k_tiles; ++k_tile) k_block(k_tile, loop_hook);
   warpgroup_fence_operand(accum);
+}
+
+// mma_pipelined's stage walk without its MMAs: each K block's stage is waited for, the hooks run at
+// the same places, and the stages are released in the same order (the last one by the collective's
+// mma_tail, as after mma_pipelined). A consumer whose rows of a tile are all padding (the
+// cooperative forward's half tiles) takes part in the pipeline this way; a separate function, not a
+// flag inside mma_pipelined, because a branch around the WGMMAs made ptxas serialize them (C7520).
+template <int kPeeled, bool kHookAfterRelease, class Pipeline, class PipelineState, class PeeledHook,
+          class LoopHook>
+CUTLASS_DEVICE void stages_without_mma(Pipeline& pipeline, PipelineState read_state, int k_tiles,
+                                       PeeledHook&& peeled_hook, LoopHook&& loop_hook) {
+  PipelineState release_state = read_state;
+  auto k_block = [&](int k_tile, auto&& hook) {
+    pipeline.consumer_wait(read_state, pipeline.consumer_try_wait(read_state));
+    if constexpr (!kHookAfterRelease) hook(k_tile);
+    if (k_tile > 0) {
+      pipeline.consumer_release(release_state);
+      ++release_state;
+    }
+    if constexpr (kHookAfterRelease) hook(k_tile);
+    ++read_state;
+  };
+  CUTLASS_PRAGMA_UNROLL
+  for (int k_tile = 0; k_tile < kPeeled; ++k_tile) k_block(k_tile, peeled_hook);
+  CUTLASS_PRAGMA_NO_UNROLL
+  for (int k_tile = kPeeled; k_tile < k_tiles; ++k_tile) k_block(k_tile, loop_hook);
 }
 
 }  // namespace cutlass_moe::sm90

@@ -76,6 +76,11 @@ class MoeGemmKernel {
   static constexpr uint32_t MinBlocksPerMultiprocessor = 1;
 
   using MathOrderBarrier = cutlass::OrderedSequenceBarrier<1, kConsumers>;       // one WGMMA issuer at a time
+  // Each warp's tile of the halved last round (CooperativeUnits): in shared memory, not in a
+  // register, which the consumers' loop has none left for.
+  struct HalfTileSlots {
+    int tile[MaxThreadsPerBlock / cutlass::NumThreadsPerWarp];
+  };
   // The tiled MMA depends only on the tile and schedule; the epilogue needs it before the mainloop's
   // stage count, which needs the epilogue's shared memory.
   using TiledMma = typename cutlass::gemm::collective::CollectiveBuilder<
@@ -94,7 +99,7 @@ class MoeGemmKernel {
       TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<
           static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage) +
-                           sizeof(typename MathOrderBarrier::SharedStorage))>,
+                           sizeof(typename MathOrderBarrier::SharedStorage) + sizeof(HalfTileSlots))>,
       typename Config::MoeMainloopSchedule
     >::CollectiveOp;
   static_assert(std::is_same_v<TiledMma, typename CollectiveMainloop::TiledMma>);
@@ -107,6 +112,7 @@ class MoeGemmKernel {
     typename CollectiveEpilogue::SharedStorage epilogue;
     alignas(16) typename CollectiveMainloop::PipelineStorage pipeline;
     alignas(16) typename MathOrderBarrier::SharedStorage math_order;
+    HalfTileSlots half_tile;
   };
   static constexpr int SharedStorageSize = static_cast<int>(sizeof(SharedStorage));
 
@@ -126,6 +132,7 @@ class MoeGemmKernel {
     MoeGroupLayout groups;  // where the experts' rows lie: sorted by expert, or interleaved groups
     bool defer_stores = true;  // cooperative tiles: store each tile during the next one's mainloop
                                // (the host's choice: defer_cooperative_stores)
+    bool halve_last_round = true;  // cooperative tiles: a short last round in 64-row halves (CooperativeUnits)
     cutlass::KernelHardwareInfo hw_info;  // device_id and sm_count
   };
 
@@ -147,6 +154,7 @@ class MoeGemmKernel {
     UnownedRows unowned;
     MoeGroupLayout groups;
     bool defer_stores;
+    bool halve_last_round;
   };
 
   // Sizes and strides the kernel takes: TMA wants 16-byte multiples; the ragged views keep row and
@@ -203,7 +211,8 @@ class MoeGemmKernel {
             {args.zero_unowned ? args.epilogue.ptr_out : nullptr, args.epilogue.ldout,
              args.epilogue.gated ? p.n / 2 : p.n},
             groups,
-            args.defer_stores};
+            args.defer_stores,
+            args.halve_last_round};
   }
 
   // Persistent: min(max_ctas, most tiles any count vector can make).
@@ -230,6 +239,80 @@ class MoeGemmKernel {
               (int64_t(blockIdx.x) * kConsumers + consumer) * kThreads + group_thread,
               int64_t(gridDim.x) * kConsumers * kThreads);
   }
+
+  // The cooperative tiles as units of work, CTA by CTA: CTA c of G takes tiles c, c + G, ... in the
+  // scheduler's order, except in a short last round. A last round of L <= G / 2 tiles (after at
+  // least one full round) would leave G - L CTAs idle for a whole tile's time, so each of its tiles
+  // is cut into two halves of 64 rows: CTA c takes the first half of tile c of the round, CTA L + c
+  // the second half. A half holds at most 64 rows, moved to the top of the tile (consumer 0's part),
+  // so consumer 1 has no rows in it and issues no MMAs. The round then takes less time, though not
+  // half: a half tile still loads all of the weights' columns (benchmarks/NOTES.md).
+  // Where the launch halves (the host's choice: a few rounds of few experts), each role walks the
+  // counts to the end for the tile count before its first tile (plan()), and then the same units,
+  // which depend only on the counts. Each warp keeps its half tile in shared memory.
+  struct CooperativeUnit {
+    MoeTile tile;
+    bool half;  // a 64-row half: consumer 1 has no rows
+  };
+  class CooperativeUnits {
+   public:
+    CUTLASS_DEVICE explicit CooperativeUnits(HalfTileSlots& slots) : index_(blockIdx.x) {
+      set_slot(slots, kNoTile);
+    }
+
+    // Finds this CTA's half tile, if the last round is halved: before the first unit.
+    CUTLASS_DEVICE void plan(Scheduler const& scheduler, HalfTileSlots& slots) {
+      set_slot(slots, half_tile(scheduler));
+    }
+
+    CUTLASS_DEVICE CooperativeUnit next(Scheduler& scheduler, HalfTileSlots& slots) {
+      int64_t index = index_;
+      int half = 0;  // 0: the whole tile; 1, 2: its first or second 64 rows
+      // CTA c < L meets its half tile as its own last tile; CTA L + c in the step after its last tile.
+      const int halved = slots.tile[warp()];
+      if (index_ >= halved) {
+        half = index_ == halved ? 1 : 2;
+        index = halved;
+        set_slot(slots, kNoTile);
+      }
+      index_ += gridDim.x;
+      MoeTile tile = scheduler.tile(index);
+      if (half == 1) {
+        tile.rows = min(tile.rows, tile.m_tile * kTileM + kTileM / 2);
+      } else if (half == 2) {
+        tile.row_start += kTileM / 2;
+        tile.rows -= kTileM / 2;
+        if (tile.rows <= tile.m_tile * kTileM) tile = scheduler.tile(index_);  // no second half: done
+      }
+      return {tile, half != 0};
+    }
+
+   private:
+    static constexpr int kNoTile = 1 << 30;
+
+    // This CTA's tile in the halved last round, or kNoTile: from a walk of a copy of the scheduler to
+    // the end, so that the scheduler's own walk still only moves forward.
+    CUTLASS_DEVICE static int half_tile(Scheduler const& scheduler) {
+      Scheduler walk = scheduler;
+      walk.tile(int64_t{1} << 62);  // past the last tile: the walk reaches the last expert
+      const int64_t tiles = walk.total_tiles();
+      const int grid = gridDim.x, cta = blockIdx.x;
+      const int partial = static_cast<int>(tiles % grid);  // tiles in the last round
+      // (The host halves only where the tiles fill a few rounds: their count fits an int.)
+      if (tiles >= grid && tiles < kNoTile && partial > 0 && 2 * partial <= grid && cta < 2 * partial) {
+        return static_cast<int>(tiles) - partial + cta % partial;
+      }
+      return kNoTile;
+    }
+    CUTLASS_DEVICE static int warp() { return threadIdx.x / cutlass::NumThreadsPerWarp; }
+    CUTLASS_DEVICE static void set_slot(HalfTileSlots& slots, int tile) {  // every lane the same value
+      __syncwarp();
+      slots.tile[warp()] = tile;
+      __syncwarp();
+    }
+
+    int64_t index_;
+  };
 
   static constexpr int kPairs = decltype(cute::size(cute::partition_fragment_C(
       TiledMma{}, cute::take<0, 2>(TileShape{}))))::value / 2;  // accumulator pairs per thread
@@ -296,9 +379,20 @@ class MoeGemmKernel {
     TiledMma tiled_mma;
     PipelineState read_state;
     auto held = CollectiveEpilogue::Held::make_registers(partition_fragment_C(tiled_mma, take<0, 2>(TileShape{})));
-    for (int64_t index = blockIdx.x;; index += gridDim.x) {
-      MoeTile tile = scheduler.tile(index);
+    CooperativeUnits units(storage.half_tile);
+    if (params.halve_last_round) units.plan(scheduler, storage.half_tile);  // while the first loads are on their way
+    while (true) {
+      const CooperativeUnit unit = units.next(scheduler, storage.half_tile);
+      MoeTile const& tile = unit.tile;
       if (!tile.valid) break;
+      if (unit.half && mma_thread >= cutlass::NumThreadsPerWarpGroup) {
+        // Consumer 1 has no rows in a half tile, the CTA's last unit: its stages, without MMAs.
+        if constexpr (kDeferStores) epilogue.store_all(held);
+        stages_without_mma<0, /*kHookAfterRelease=*/false>(pipeline, read_state, k_tiles, [](int) {}, [](int) {});
+        mainloop.mma_tail(pipeline, read_state, k_tiles);
+        units.next(scheduler, storage.half_tile);  // walks the scheduler to its end (zero_unowned's owned_rows_end)
+        return;
+      }
       Tensor accum = partition_fragment_C(tiled_mma, take<0, 2>(TileShape{}));
       FusedOperands fused;  // loaded before the mainloop, which hides the loads' latency
       if (params.fused.enabled) fused = load_fused(params.fused, tile, mma_thread);
@@ -375,8 +469,11 @@ CUTLASS_DEVICE void MoeGemmKernel<Element, LayoutB, Config, Fusion>::operator()(
         make_shape(Int<kTileM>{}, groups.x_view_cols(p.k, p.num_experts), groups.view_rows(p.num_tokens) + 1));
     Tensor mB = params.mainloop.tma_load_b.get_tma_tensor(make_shape(p.n, p.k, p.num_experts));
     auto write_state = cutlass::make_producer_start_state<Pipeline>();
-    for (int64_t index = first;; index += grid) {
-      MoeTile tile = scheduler.tile(index);
+    // Pingpong: tiles first, first + grid, ...; cooperative: the same, or half tiles at the end.
+    CooperativeUnits units(storage.half_tile);
+    if (!kPingpong && params.halve_last_round) units.plan(scheduler, storage.half_tile);
+    while (true) {
+      MoeTile tile = units.next(scheduler, storage.half_tile).tile;
       if (!tile.valid) break;
       // x: the tile's rows [first_row, first_row + rows) are the box at (kTileM - rows, k,
       // first_row + rows) of the ragged view; TMA zero-fills its other rows without reading them.

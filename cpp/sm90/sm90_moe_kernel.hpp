@@ -380,7 +380,7 @@ class MoeGemmKernel {
     PipelineState read_state;
     auto held = CollectiveEpilogue::Held::make_registers(partition_fragment_C(tiled_mma, take<0, 2>(TileShape{})));
     CooperativeUnits units(storage.half_tile);
-    if (params.halve_last_round) units.plan(scheduler, storage.half_tile);  // while the first loads are on their way
+    if (params.halve_last_round) units.plan(scheduler, storage.half_tile);
     while (true) {
       const CooperativeUnit unit = units.next(scheduler, storage.half_tile);
       MoeTile const& tile = unit.tile;

@@ -260,8 +260,11 @@ class MoeGemmKernel {
       set_slot(slots, kNoTile);
     }
 
-    // Finds this CTA's half tile, if the last round is halved: before the first unit.
-    CUTLASS_DEVICE void plan(Scheduler const& scheduler, HalfTileSlots& slots) {
+    // Finds this CTA's half tile, if the last round is halved: before the first unit. The scheduler
+    // first finds that unit's tile itself, so the walk starts from the counts it loaded (with up to
+    // 32 experts, the walk then loads nothing).
+    CUTLASS_DEVICE void plan(Scheduler& scheduler, HalfTileSlots& slots) {
+      scheduler.tile(index_);
       set_slot(slots, half_tile(scheduler));
     }
 

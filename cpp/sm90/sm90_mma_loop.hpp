@@ -79,30 +79,23 @@ CUTLASS_DEVICE void mma_pipelined(Pipeline& pipeline, PipelineState read_state, 
   warpgroup_fence_operand(accum);
 }
 
-// mma_pipelined's stage walk without its MMAs: each K block's stage is waited for, the hooks run at
-// the same places, and the stages are released in the same order (the last one by the collective's
-// mma_tail, as after mma_pipelined). A consumer whose rows of a tile are all padding (the
-// cooperative forward's half tiles) takes part in the pipeline this way; a separate function, not a
-// flag inside mma_pipelined, because a branch around the WGMMAs made ptxas serialize them (C7520).
-template <int kPeeled, bool kHookAfterRelease, class Pipeline, class PipelineState, class PeeledHook,
-          class LoopHook>
-CUTLASS_DEVICE void stages_without_mma(Pipeline& pipeline, PipelineState read_state, int k_tiles,
-                                       PeeledHook&& peeled_hook, LoopHook&& loop_hook) {
+// mma_pipelined's stage walk without its MMAs: each K block's stage is waited for and the previous
+// one released, in the same order (the last one by the collective's mma_tail, as after
+// mma_pipelined). A consumer whose rows of a tile are all padding (the cooperative forward's half
+// tiles) takes part in the pipeline this way; a separate function, not a flag inside mma_pipelined,
+// because a branch around the WGMMAs made ptxas serialize them (C7520).
+template <class Pipeline, class PipelineState>
+CUTLASS_DEVICE void stages_without_mma(Pipeline& pipeline, PipelineState read_state, int k_tiles) {
   PipelineState release_state = read_state;
-  auto k_block = [&](int k_tile, auto&& hook) {
+  CUTLASS_PRAGMA_NO_UNROLL
+  for (int k_tile = 0; k_tile < k_tiles; ++k_tile) {
     pipeline.consumer_wait(read_state, pipeline.consumer_try_wait(read_state));
-    if constexpr (!kHookAfterRelease) hook(k_tile);
     if (k_tile > 0) {
       pipeline.consumer_release(release_state);
       ++release_state;
     }
-    if constexpr (kHookAfterRelease) hook(k_tile);
     ++read_state;
-  };
-  CUTLASS_PRAGMA_UNROLL
-  for (int k_tile = 0; k_tile < kPeeled; ++k_tile) k_block(k_tile, peeled_hook);
-  CUTLASS_PRAGMA_NO_UNROLL
-  for (int k_tile = kPeeled; k_tile < k_tiles; ++k_tile) k_block(k_tile, loop_hook);
+  }
 }
 
 }  // namespace cutlass_moe::sm90

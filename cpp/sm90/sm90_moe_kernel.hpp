@@ -391,7 +391,7 @@ class MoeGemmKernel {
       if (unit.half && mma_thread >= cutlass::NumThreadsPerWarpGroup) {
         // Consumer 1 has no rows in a half tile, the CTA's last unit: its stages, without MMAs.
         if constexpr (kDeferStores) epilogue.store_all(held);
-        stages_without_mma<0, /*kHookAfterRelease=*/false>(pipeline, read_state, k_tiles, [](int) {}, [](int) {});
+        stages_without_mma(pipeline, read_state, k_tiles);
         mainloop.mma_tail(pipeline, read_state, k_tiles);
         units.next(scheduler, storage.half_tile);  // walks the scheduler to its end (zero_unowned's owned_rows_end)
         return;

@@ -26,8 +26,9 @@ namespace cutlass_moe::sm90 {
 //     ensures k_tiles >= kPeeled. The others call loop_hook(k_tile). Neither may touch accum.
 // mma_thread: the thread's index in the tiled MMA (both consumers: 0..255; pingpong: 0..127).
 // last_k_steps: how many of the last K block's MMA steps (k-slices of the instruction's K) to
-// issue (at least 1); the others are skipped. The wgrad's last block of an expert holds its last rows first and
-// zeros after them, so the steps past those rows would add exact zeros.
+// issue (at least 1); the others are skipped. The wgrad's last block of an expert holds its last
+// rows first and zeros after them, so the steps past those rows would add exact zeros. (ptxas then
+// notes C7519, a warpgroup.arrive it adds around the guarded WGMMAs; no serialization, no spills.)
 template <class CollectiveMainloop, int kPeeled, bool kHookAfterRelease, class Pipeline, class PipelineState,
           class Accumulators, class PeeledHook, class LoopHook>
 CUTLASS_DEVICE void mma_pipelined(Pipeline& pipeline, PipelineState read_state, Accumulators& accum, int k_tiles,

@@ -28,7 +28,7 @@
 // the box has i >= kTileK, outside the view. Both operands zero-fill the same positions, so the
 // padding adds exact zeros (never 0 x NaN from another expert's rows). The MMA steps (16 rows each
 // in 16 bits) of the last block that hold only padding are not issued (mma_pipelined's
-// last_k_steps): 2-3% faster on the public shapes, bitwise the same (benchmarks/NOTES.md).
+// last_k_steps): 1.6-3.4% faster on issue 10's shapes, bitwise the same (benchmarks/NOTES.md).
 #pragma once
 
 #include "sm90/sm90_tma_encode.hpp"  // first: routes every TMA encode through a checked call

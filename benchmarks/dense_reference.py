@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import statistics
 
 import torch
 
@@ -58,12 +57,7 @@ def main() -> None:
         if t % e == 0:
             xb = x.view(e, t // e, k)
             runners["bmm"] = lambda: torch.bmm(xb, w)
-        times = {name: [] for name in runners}
-        names = list(runners)
-        for r in range(args.rounds):
-            for name in (names if r % 2 == 0 else names[::-1]):
-                times[name].append(bench._do_bench(runners[name], 25, 100))
-        med = {name: statistics.median(v) for name, v in times.items()}
+        med = bench.median_of_rounds(runners, args.rounds)
         fractions["ours"].append(flops_ms / med["ours"])
         fractions["dense"].append(flops_ms / med["dense"])
         bmm = med.get("bmm")

@@ -8,7 +8,6 @@ To run on the GPU machine (after the build): python3 benchmarks/fused_bench.py [
 """
 import argparse
 import math
-import statistics
 
 import torch
 
@@ -49,12 +48,7 @@ def main():
         }
         fused, composite = runners["fused"]().float(), runners["composite"]().float()
         err = float((fused - composite).norm() / composite.norm().clamp_min(1e-30))
-        times = {name: [] for name in runners}
-        for r in range(args.rounds):
-            order = list(runners) if r % 2 == 0 else list(runners)[::-1]
-            for name in order:
-                times[name].append(bench._do_bench(runners[name], 25, 100))
-        med = {name: statistics.median(v) for name, v in times.items()}
+        med = bench.median_of_rounds(runners, args.rounds)
         ratios.append(med["fused"] / med["plain"])
         gains.append(med["composite"] / med["fused"])
         print(f"{case['name']:<22} {med['plain']:9.3f} {med['fused']:9.3f} {med['composite']:12.3f} "

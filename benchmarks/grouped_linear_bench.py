@@ -25,7 +25,6 @@ To run (on the GPU machine): python3 benchmarks/grouped_linear_bench.py [--round
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from typing import Callable, Dict, List, Optional, Sequence
 
@@ -74,18 +73,6 @@ def run_and_grads(fn: Callable[[], torch.Tensor], dy: torch.Tensor, leaves: List
     y = fn()
     y.backward(dy)
     return y.detach(), [t.grad for t in leaves]
-
-
-def time_providers(runners: Dict[str, Callable[[], object]], rounds: int, warmup_ms: float,
-                   rep_ms: float) -> Dict[str, float]:
-    """Median over alternating rounds of each provider's do_bench median, in ms."""
-    from cutlass_moe import bench
-    times: Dict[str, List[float]] = {name: [] for name in runners}
-    for r in range(rounds):
-        order = list(runners) if r % 2 == 0 else list(runners)[::-1]
-        for name in order:
-            times[name].append(bench._do_bench(runners[name], warmup_ms, rep_ms))
-    return {name: statistics.median(v) for name, v in times.items()}
 
 
 def fwd_bwd(fn: Callable[[], torch.Tensor], dy: torch.Tensor, leaves: List[torch.Tensor]) -> Callable[[], None]:
@@ -146,6 +133,7 @@ def bench_linear(args, dtype) -> None:
 
     # Forward only, in the same rounds: the two kernels GroupedLinear chooses between (cuBLAS's
     # bmm/baddbmm on the strided views, our MoE kernel over interleaved groups), each forced.
+    from cutlass_moe import bench
     from cutlass_moe.grouped_linear import _interleaved_linear, _interleaved_takes
     xd, wd, bd = x.detach(), w.detach(), bias.detach() if bias is not None else None
     forced = {"cuBLAS bmm/baddbmm": lambda: (torch.baddbmm(bd.unsqueeze(1), xd.transpose(0, 1), wd)
@@ -155,9 +143,9 @@ def bench_linear(args, dtype) -> None:
         errors["MoE kernel, interleaved"] = f"y {worst_group_rel(y_moe, ref_y, 1):.1e}"
         forced["MoE kernel, interleaved"] = lambda: _interleaved_linear(xd, wd, bd)
     with torch.no_grad():
-        fwd = time_providers({**providers, **forced}, args.rounds, args.warmup_ms, args.rep_ms)
-    both = time_providers({name: fwd_bwd(fn, dy, leaves) for name, fn in providers.items()}, args.rounds,
-                          args.warmup_ms, args.rep_ms)
+        fwd = bench.median_of_rounds({**providers, **forced}, args.rounds, args.warmup_ms, args.rep_ms)
+    both = bench.median_of_rounds({name: fwd_bwd(fn, dy, leaves) for name, fn in providers.items()}, args.rounds,
+                                  args.warmup_ms, args.rep_ms)
     both.update({name: float("nan") for name in forced})
     errors.setdefault("cuBLAS bmm/baddbmm", "(forward only)")
     flops = 2 * b * g * k * n
@@ -170,6 +158,7 @@ def bench_linear(args, dtype) -> None:
 
 
 def bench_mlp(args, dtype) -> None:
+    from cutlass_moe import bench
     from cutlass_moe.grouped_linear import GroupedMLP
     b, g, k, hidden, n = args.batch, args.groups, args.d_in, args.hidden, args.mlp_out
     gen = torch.Generator(device=DEVICE).manual_seed(1)
@@ -209,10 +198,10 @@ def bench_mlp(args, dtype) -> None:
     del h, ref, ref_leaves, xr, gr, ur, dr
 
     with torch.no_grad():
-        fwd = time_providers({name: fn for name, (fn, _) in providers.items()}, args.rounds, args.warmup_ms,
-                             args.rep_ms)
-    both = time_providers({name: fwd_bwd(fn, dy, leaves) for name, (fn, leaves) in providers.items()},
-                          args.rounds, args.warmup_ms, args.rep_ms)
+        fwd = bench.median_of_rounds({name: fn for name, (fn, _) in providers.items()}, args.rounds,
+                                     args.warmup_ms, args.rep_ms)
+    both = bench.median_of_rounds({name: fwd_bwd(fn, dy, leaves) for name, (fn, leaves) in providers.items()},
+                                  args.rounds, args.warmup_ms, args.rep_ms)
     print_table(f"mlp: B={b} G={g} D_in={k} hidden={hidden} out={n} {args.dtype} silu, no bias", fwd, both,
                 errors)
     speedup("GroupedMLP vs bmm MLP, forward", fwd["GroupedMLP"], fwd["bmm MLP"], 1.0, strict=True)

@@ -21,7 +21,6 @@ To run on the GPU machine (after the build): python3 benchmarks/mlp_bench.py [--
 """
 import argparse
 import math
-import statistics
 
 import torch
 
@@ -60,15 +59,6 @@ def shapes():
 
 def geo(v):
     return math.exp(sum(map(math.log, v)) / len(v))
-
-
-def timed(runners, rounds):
-    times = {name: [] for name in runners}
-    for r in range(rounds):
-        order = list(runners) if r % 2 == 0 else list(runners)[::-1]
-        for name in order:
-            times[name].append(bench._do_bench(runners[name], 25, 100))
-    return {name: statistics.median(v) for name, v in times.items()}
 
 
 def main():
@@ -160,7 +150,7 @@ def main():
             err = lambda y: float((y[:end].float() - ref).norm() / ref.norm().clamp_min(1e-30))
             assert err(ours) < 3e-2 and err(unf) < 3e-2, (name, err(ours), err(unf))
             del h_plain, ours, theirs, unf
-            med = timed(runners, args.rounds)
+            med = bench.median_of_rounds(runners, args.rounds)
         r = dict(name=name, gp=med["gated"] / med["plain_gu"], dp=med["down"] / med["plain_down"],
                  uf=med["unfused"] / med["fused"], tf=med["torch"] / med["fused"])
         rows.append(r)
@@ -188,8 +178,8 @@ def main():
                        leaves["probs"]).backward(dy)
                 return run
 
-            med_t = timed({"ours": step(fused_mlp, "w_gu", "b_gu"), "torch": step(torch_mlp, "w_cat", "b_cat")},
-                          args.rounds)
+            med_t = bench.median_of_rounds(
+                {"ours": step(fused_mlp, "w_gu", "b_gu"), "torch": step(torch_mlp, "w_cat", "b_cat")}, args.rounds)
             if args.profile:
                 for label, fn in (("ours", step(fused_mlp, "w_gu", "b_gu")), ("torch", step(torch_mlp, "w_cat", "b_cat"))):
                     fn()

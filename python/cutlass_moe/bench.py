@@ -106,6 +106,18 @@ def _do_bench(fn: Callable[[], object], warmup_ms: float, rep_ms: float) -> floa
     return statistics.median(times)
 
 
+def median_of_rounds(runners: Dict[str, Callable[[], object]], rounds: int, warmup_ms: float = 25.0,
+                     rep_ms: float = 100.0) -> Dict[str, float]:
+    """Each runner's ms: the median over `rounds` rounds of its _do_bench median. Every round times
+    each runner once, in the runners' order, reversed every other round, so that none gains from
+    its place (first after a check, or as clocks drift)."""
+    samples: Dict[str, List[float]] = {name: [] for name in runners}
+    for r in range(rounds):
+        for name in (list(runners) if r % 2 == 0 else list(reversed(runners))):
+            samples[name].append(_do_bench(runners[name], warmup_ms, rep_ms))
+    return {name: statistics.median(ms) for name, ms in samples.items()}
+
+
 def measure_ceilings() -> Dict[str, float]:
     """This GPU's bf16 matmul rate (TFLOP/s) and copy bandwidth (TB/s, read + write), on random data."""
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import statistics
 import tempfile
 import warnings
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
@@ -122,7 +121,7 @@ def time_configs(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor, trans_b
     H200 (benchmarks/NOTES.md, twelfth session), more than the differences a choice turns on."""
     if rounds < 1:
         raise ValueError(f"rounds: expected at least 1, got {rounds}")
-    from .bench import _do_bench  # the project's timing: do_bench's median, L2 flushed between runs
+    from .bench import median_of_rounds  # do_bench's medians (L2 flushed between runs), alternating rounds
     from .ops import moe_gemm
 
     reference = moe_gemm(x, w, counts, trans_b=trans_b)
@@ -143,11 +142,7 @@ def time_configs(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor, trans_b
         if close(y):
             runs[f"{backend}:{config}"] = run
         del y
-    samples = {name: [] for name in runs}
-    for r in range(rounds):
-        for name in (list(runs) if r % 2 == 0 else list(reversed(runs))):
-            samples[name].append(_do_bench(runs[name], warmup_ms, rep_ms))
-    return {name: statistics.median(ms) for name, ms in samples.items()}
+    return median_of_rounds(runs, rounds, warmup_ms, rep_ms)
 
 
 def tune(problems: Iterable[Problem], *, dtype: torch.dtype = torch.bfloat16, trans_b: bool = False,

@@ -12,7 +12,17 @@ The floor fractions of the dense runs bound what tiling these FLOPs on this GPU 
 practice: where cuBLAS's dense GEMM itself sits well under 0.85 of the floor, the gap is the
 GPU's (clocks under sustained tensor load, wave quantization, ramp-up), not the ragged split's.
 
-To run (on the GPU machine): python3 benchmarks/dense_reference.py [--rounds 5] [--cases a,b]
+With --wgrad, the same for issue 10's weight gradient on the four training shapes
+(training_bench.py's SHAPES), dW in bf16:
+  ours         cutlass_moe.moe_gemm_wgrad(x, dy, counts) on the bench's random split;
+  ours even    the same on an even split (T / E rows per expert);
+  torch        torch._grouped_mm(x.t(), dy, offs=offs), the call torch's autograd makes;
+  dense bmm    torch.bmm(x_e^T, dy_e) over E equal groups: the same FLOPs and the same dW bytes,
+               through cuBLAS's batched GEMM with the same MN-major operands.
+Floor as training_bench.py's: max(FLOPs / 790 TFLOP/s, (x + dy) / 4.36 TB/s + dW / the write
+bandwidth measured in the same run).
+
+To run (on the GPU machine): python3 benchmarks/dense_reference.py [--rounds 5] [--cases a,b] [--wgrad]
 """
 from __future__ import annotations
 
@@ -32,7 +42,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--cases", default=None, help="comma-separated case names (default: the compute-bound ones)")
+    parser.add_argument("--wgrad", action="store_true", help="the weight gradient on issue 10's training shapes")
     args = parser.parse_args()
+    if args.wgrad:
+        wgrad_reference(args.rounds)
+        return
     cases = bench.load_cases()
     counts_by_case = bench.case_counts(cases)
     wanted = set(args.cases.split(",")) if args.cases else None
@@ -72,6 +86,55 @@ def main() -> None:
         if values:
             geo = math.exp(sum(math.log(v) for v in values) / len(values))
             print(f"{name}: floor fraction geomean {geo:.3f}, min {min(values):.3f}")
+
+
+def wgrad_reference(rounds: int) -> None:
+    from training_bench import SHAPES, shape_data, write_bandwidth
+
+    cases = bench.load_cases()
+    counts_by_case = bench.case_counts(cases)
+    write_tbps = write_bandwidth()
+    print(f"dense_reference --wgrad on {torch.cuda.get_device_name()}, torch {torch.__version__}; dW bf16; "
+          f"write bandwidth {write_tbps:.2f} TB/s; medians of {rounds} alternating rounds")
+    names = ["ours", "ours even", "torch", "dense bmm"]
+    print(f"{'shape':<20} {'floor ms':>8} " + " ".join(f"{n + ' ms':>12}" for n in names) + " "
+          + " ".join(f"{n + ' %':>11}" for n in names))
+    fractions = {n: [] for n in names}
+    for name in SHAPES:
+        case, counts, x, w, dy = shape_data(name, cases, counts_by_case)
+        del w
+        t, k, n, e = case["T"], case["K"], case["N"], case["E"]
+        assert t % e == 0, name
+        counts_gpu = counts.to("cuda", torch.int32)
+        even = torch.full((e,), t // e, dtype=torch.int32, device="cuda")
+        offs = torch.cumsum(counts_gpu, 0, dtype=torch.int32)
+        xb, dyb = x.view(e, t // e, k), dy.view(e, t // e, n)
+        runners = {"ours": lambda: cutlass_moe.moe_gemm_wgrad(x, dy, counts_gpu),
+                   "ours even": lambda: cutlass_moe.moe_gemm_wgrad(x, dy, even),
+                   "torch": lambda: torch._grouped_mm(x.t(), dy, offs=offs),
+                   "dense bmm": lambda: torch.bmm(xb.transpose(1, 2), dyb)}
+        # The even split's dW against the batched GEMM's: the two compute the same thing.
+        got, ref = runners["ours even"](), runners["dense bmm"]()
+        err = max(float((got[i].float() - ref[i].float()).norm() / ref[i].float().norm()) for i in range(e))
+        assert err < 2e-2, (name, err)
+        del got, ref
+        med = bench.median_of_rounds(runners, rounds)
+        active = int((counts > 0).sum())
+        flops_ms = 2.0 * t * k * n / (PEAK_TFLOPS * 1e12) * 1e3
+        floors = {}
+        for label, experts in (("ragged", active), ("even", e)):
+            bytes_ms = (2 * (t * k + t * n) / (DRAM_TBPS * 1e12) + 2 * experts * k * n / (write_tbps * 1e12)) * 1e3
+            floors[label] = max(flops_ms, bytes_ms)
+        fr = {nm: (floors["ragged"] if nm in ("ours", "torch") else floors["even"]) / med[nm] for nm in names}
+        for nm in names:
+            fractions[nm].append(fr[nm])
+        print(f"{name:<20} {floors['ragged']:8.3f} " + " ".join(f"{med[nm]:12.3f}" for nm in names) + " "
+              + " ".join(f"{100 * fr[nm]:10.1f}%" for nm in names), flush=True)
+        del x, dy, xb, dyb, runners
+        torch.cuda.empty_cache()
+    for nm, values in fractions.items():
+        geo = math.exp(sum(math.log(v) for v in values) / len(values))
+        print(f"{nm}: floor fraction geomean {geo:.3f}, min {min(values):.3f}")
 
 
 if __name__ == "__main__":

@@ -36,7 +36,9 @@ DeviceFacts device_facts(int device) {
   CUTLASS_MOE_CHECK_CUDA(cudaDeviceGetAttribute(&memory_khz, cudaDevAttrMemoryClockRate, device));
   CUTLASS_MOE_CHECK_CUDA(cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device));
   const double dram_tbps = 2.0 * memory_khz * 1e3 * (bus_bits / 8) / 1e12;
-  const DeviceFacts facts{sms, 10 * major + minor, dram_tbps};
+  int l2_bytes = 0;
+  CUTLASS_MOE_CHECK_CUDA(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device));
+  const DeviceFacts facts{sms, 10 * major + minor, dram_tbps, l2_bytes};
   std::lock_guard<std::mutex> lock(facts_mutex());
   cache.emplace(device, facts);
   return facts;

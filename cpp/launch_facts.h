@@ -4,12 +4,15 @@
 // again.
 #pragma once
 
+#include <cstdint>
+
 namespace cutlass_moe {
 
 struct DeviceFacts {
   int sm_count;
   int cc;              // 10 * major + minor
   double dram_tbps;    // peak DRAM bandwidth, 2 x memory clock x bus width (H100 SXM 3.35, H200 4.9)
+  int64_t l2_bytes;    // L2 cache size (H100, H200: 50 MB)
 };
 
 DeviceFacts device_facts(int device);

@@ -1,10 +1,11 @@
 // Persistent tile scheduler of the MoE families (sm90 and sm80): it sees only tokens_per_expert, T
 // and the tile grid, and finds each tile's expert, row offset and row count on the device.
 //
-// Tiles are numbered expert-major; inside an expert, m (rows) runs fastest, then n. CTA c of a
-// grid of G takes tiles c, c + G, c + 2G, ...; at any moment the whole grid works on one run of
-// consecutive tiles, i.e. on one or two experts, so CTAs that read the same weight columns run
-// together and the weights are read from DRAM about once (L2 reuse).
+// Tiles are numbered expert-major; inside an expert, m (rows) runs fastest, then n (the weight
+// gradient may ask for n first: Params::n_fastest). CTA c of a grid of G takes tiles c, c + G,
+// c + 2G, ...; at any moment the whole grid works on one run of consecutive tiles, i.e. on one or
+// two experts, so CTAs that read the same weight columns run together and the weights are read from
+// DRAM about once (L2 reuse).
 //
 // Each role (the producer warp, each consumer warp) walks the experts itself, 32 at a time: lane l
 // reads expert base + l's count, and two warp-wide inclusive scans give every lane its expert's
@@ -23,6 +24,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include <cutlass/cutlass.h>
 
@@ -62,6 +64,7 @@ class ExpertTileScheduler {
     int tiles_n;
     RowTiles row_tiles;
     int group_rows = 0;  // tokens_per_expert null: interleaved groups of this many rows each
+    bool n_fastest = false;  // FixedRowTiles only: inside an expert, n runs fastest, then m
   };
 
   CUTLASS_DEVICE explicit ExpertTileScheduler(Params const& params)
@@ -71,6 +74,7 @@ class ExpertTileScheduler {
 
   // The tile with linear index `index`; indices passed in must not decrease.
   CUTLASS_DEVICE MoeTile tile(int64_t index) {
+    if constexpr (std::is_same_v<RowTiles, FixedRowTiles>) return fixed_tile(index);
     while (true) {
       const int64_t window_tiles = __shfl_sync(0xffffffff, tiles_incl_, 31);
       if (index < window_first_tile_ + window_tiles) break;
@@ -106,6 +110,29 @@ class ExpertTileScheduler {
   }
 
  private:
+  // FixedRowTiles: every expert has the same tiles, so the tile's expert follows from its index
+  // alone, and the walk only finds that expert's rows (row_start, and rows as the reduction length).
+  CUTLASS_DEVICE MoeTile fixed_tile(int64_t index) {
+    const int m_tiles = params_.row_tiles(0);
+    const int64_t per_expert = int64_t(m_tiles) * params_.tiles_n;
+    const int64_t expert = index / per_expert;
+    if (expert >= params_.num_experts) return MoeTile{0, 0, 0, 0, 0, false};
+    const int in_expert = static_cast<int>(index - expert * per_expert);
+    while (expert >= window_base_ + 32) {
+      const int64_t rows_next = __shfl_sync(0xffffffff, row_start_ + rows_, 31);
+      load_window(window_base_ + 32, 0, rows_next);
+    }
+    const int lane = static_cast<int>(expert) - window_base_;
+    MoeTile t;
+    t.expert = static_cast<int>(expert);
+    t.m_tile = params_.n_fastest ? in_expert / params_.tiles_n : in_expert % m_tiles;
+    t.n_tile = params_.n_fastest ? in_expert % params_.tiles_n : in_expert / m_tiles;
+    t.row_start = __shfl_sync(0xffffffff, row_start_, lane);
+    t.rows = __shfl_sync(0xffffffff, rows_, lane);
+    t.valid = true;
+    return t;
+  }
+
   template <class T>
   CUTLASS_DEVICE static T warp_inclusive_sum(T value, int lane) {
     CUTLASS_PRAGMA_UNROLL

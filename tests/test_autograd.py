@@ -328,6 +328,23 @@ def test_wgrad_moe_partial_tiles_at_scale(t, k, n, e, backend):
         assert err < 1e-2, (i, err)
 
 
+@gpu
+@pytest.mark.parametrize("backend", [wgrad_backend_param("moe")])
+def test_wgrad_moe_columns_first_when_a_outgrows_l2(backend):
+    # (E, N, K) weights with N x the rows per expert of grad_out over half of a 50 MB L2: the launch
+    # numbers each expert's tiles columns first (sm90_wgrad_moe.cuh). Ragged counts with an empty
+    # expert and rows past the owned ones, partial tiles in both dimensions of dW.
+    gen = torch.Generator(device="cuda").manual_seed(31)
+    t, k, n = 9216, 320, 6200
+    x = torch.randn(t, k, device="cuda", dtype=BF16, generator=gen)
+    dy = torch.randn(t, n, device="cuda", dtype=BF16, generator=gen)
+    counts = torch.tensor([3000, 0, 4100, 2000], device="cuda")
+    out = torch.full((4, n, k), float("nan"), device="cuda", dtype=BF16)
+    dw = moe_gemm_wgrad(x, dy, counts, trans_b=True, out=out, backend=backend)
+    check_dw(dw, cutlass_moe.moe_gemm_wgrad_reference(x, dy, counts.cpu(), trans_b=True), counts.cpu(), t, True)
+    assert torch.equal(moe_gemm_wgrad(x, dy, counts, trans_b=True, backend=backend), dw)
+
+
 _WGRAD_MOE_CONFIGS = sorted({name.split(":")[-1] for name in cutlass_moe.built_configs() if ":wgrad_moe:" in name})
 
 

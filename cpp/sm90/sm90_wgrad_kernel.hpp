@@ -7,7 +7,8 @@
 // The kernel's parts:
 //   - tiles: E x ceil(M / kTileM) x ceil(N / kTileN), a static set; ExpertTileScheduler with
 //     FixedRowTiles numbers them expert-major and finds each tile's expert rows on the device, so
-//     the CTAs reading one expert's rows of x and grad_out run together (L2 reuse);
+//     the CTAs reading one expert's rows of x and grad_out run together (L2 reuse). Inside an
+//     expert the host picks the order (Arguments::n_fastest, sm90_wgrad_moe.cuh);
 //   - mainloop: CUTLASS's sm90 warp-specialized collective (its pipeline, shared memory and mma()).
 //     Each operand is read through one ragged TMA view along T (below), so a K block loads exactly
 //     its expert's rows and zero-fills the rest without reading it; the producer issues the boxes
@@ -273,6 +274,7 @@ class MoeWgradKernel {
     void const* tokens_per_expert;
     bool counts_are_int64;
     cutlass::KernelHardwareInfo hw_info;  // device_id and sm_count
+    bool n_fastest = false;  // the tile order inside an expert (ExpertTileScheduler::Params)
   };
 
   struct Params {
@@ -320,7 +322,7 @@ class MoeWgradKernel {
     return {CollectiveMainloop::to_underlying_arguments(view_shape(p), mainloop_arguments(args), nullptr),
             CollectiveEpilogue::to_underlying_arguments(p, args.epilogue),
             {args.tokens_per_expert, args.counts_are_int64, p.num_experts, p.num_tokens, tiles_n,
-             FixedRowTiles{tiles_m}},
+             FixedRowTiles{tiles_m}, /*group_rows=*/0, args.n_fastest},
             p,
             args.hw_info.sm_count};
   }

@@ -7,6 +7,7 @@
 
 #include "check.h"
 #include "kernel_families.h"
+#include "launch_facts.h"
 #include "sm90/sm90_launch.cuh"
 #include "sm90/sm90_wgrad_kernel.hpp"
 #include "wgrad_common.cuh"
@@ -45,6 +46,15 @@ void WgradMoeInstance<kDType, kOutDType, kConfig>::run(const MoeWgradProblem& p,
   args.counts_are_int64 = p.count_type == IndexType::kInt64;
   args.hw_info.device_id = device;
   args.hw_info.sm_count = sm_count;
+  // The tile order inside an expert. With m fastest (dW's rows first), the CTAs running together
+  // share B's column tile and read all of A_e (M x the expert's rows); with n fastest, the reverse.
+  // The operand read whole must stay in L2 until the next column (or row) of tiles comes back to
+  // it, else each pass re-reads it from DRAM. Rows first unless A_e, at the average rows per
+  // expert, outgrows half of L2 while B_e is the smaller one: Mixtral's wgrad with (E, N, K)
+  // weights (A_e = grad_out_e, 58 MB) is 14% faster columns first; with (E, K, N) weights the same
+  // shape is 15% slower columns first (benchmarks/NOTES.md).
+  const int64_t rows_per_expert = p.num_experts > 0 ? p.num_tokens / p.num_experts : 0;
+  args.n_fastest = op.m > op.n && op.m * rows_per_expert * int64_t(sizeof(Element)) > device_facts(device).l2_bytes / 2;
 
   CUTLASS_MOE_CHECK(Kernel::can_implement(args), Status::kInvalidArgument,
                     "the sm90 MoE wgrad kernel cannot take T = " << p.num_tokens << ", M = " << op.m << ", N = "

@@ -74,7 +74,27 @@ class ExpertTileScheduler {
 
   // The tile with linear index `index`; indices passed in must not decrease.
   CUTLASS_DEVICE MoeTile tile(int64_t index) {
-    if constexpr (std::is_same_v<RowTiles, FixedRowTiles>) return fixed_tile(index);
+    if constexpr (std::is_same_v<RowTiles, FixedRowTiles>) {
+      return fixed_tile(index);
+    } else {
+      return ragged_tile(index);
+    }
+  }
+
+  // Where the owned rows end, min(sum of clamped counts, T): valid once tile() has returned an
+  // invalid tile (the walk has then loaded the window of the last expert; RaggedRowTiles). The whole
+  // warp calls it.
+  CUTLASS_DEVICE int owned_rows_end() const { return __shfl_sync(0xffffffff, row_start_ + rows_, 31); }
+
+  // How many tiles there are; valid, as owned_rows_end(), once tile() has returned an invalid tile
+  // (RaggedRowTiles).
+  CUTLASS_DEVICE int64_t total_tiles() const {
+    return window_first_tile_ + __shfl_sync(0xffffffff, tiles_incl_, 31);
+  }
+
+ private:
+  // RaggedRowTiles: the walk counts each expert's tiles to find the one holding `index`.
+  CUTLASS_DEVICE MoeTile ragged_tile(int64_t index) {
     while (true) {
       const int64_t window_tiles = __shfl_sync(0xffffffff, tiles_incl_, 31);
       if (index < window_first_tile_ + window_tiles) break;
@@ -100,16 +120,6 @@ class ExpertTileScheduler {
     return t;
   }
 
-  // Where the owned rows end, min(sum of clamped counts, T): valid once tile() has returned an
-  // invalid tile (the walk has then loaded the window of the last expert). The whole warp calls it.
-  CUTLASS_DEVICE int owned_rows_end() const { return __shfl_sync(0xffffffff, row_start_ + rows_, 31); }
-
-  // How many tiles there are; valid, as owned_rows_end(), once tile() has returned an invalid tile.
-  CUTLASS_DEVICE int64_t total_tiles() const {
-    return window_first_tile_ + __shfl_sync(0xffffffff, tiles_incl_, 31);
-  }
-
- private:
   // FixedRowTiles: every expert has the same tiles, so the tile's expert follows from its index
   // alone, and the walk only finds that expert's rows (row_start, and rows as the reduction length).
   CUTLASS_DEVICE MoeTile fixed_tile(int64_t index) {

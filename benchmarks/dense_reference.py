@@ -35,7 +35,6 @@ import cutlass_moe
 from cutlass_moe import bench
 
 PEAK_TFLOPS = 790.0
-DRAM_TBPS = 4.36
 
 
 def main() -> None:
@@ -89,7 +88,7 @@ def main() -> None:
 
 
 def wgrad_reference(rounds: int) -> None:
-    from training_bench import SHAPES, shape_data, write_bandwidth
+    from training_bench import SHAPES, shape_data, wgrad_floor_ms, write_bandwidth
 
     cases = bench.load_cases()
     counts_by_case = bench.case_counts(cases)
@@ -120,11 +119,8 @@ def wgrad_reference(rounds: int) -> None:
         del got, ref
         med = bench.median_of_rounds(runners, rounds)
         active = int((counts > 0).sum())
-        flops_ms = 2.0 * t * k * n / (PEAK_TFLOPS * 1e12) * 1e3
-        floors = {}
-        for label, experts in (("ragged", active), ("even", e)):
-            bytes_ms = (2 * (t * k + t * n) / (DRAM_TBPS * 1e12) + 2 * experts * k * n / (write_tbps * 1e12)) * 1e3
-            floors[label] = max(flops_ms, bytes_ms)
+        floors = {"ragged": wgrad_floor_ms(t, k, n, active, write_tbps),
+                  "even": wgrad_floor_ms(t, k, n, e, write_tbps)}
         fr = {nm: (floors["ragged"] if nm in ("ours", "torch") else floors["even"]) / med[nm] for nm in names}
         for nm in names:
             fractions[nm].append(fr[nm])

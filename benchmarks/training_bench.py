@@ -64,6 +64,14 @@ def wgrad_families():
     return families
 
 
+def wgrad_floor_ms(t, k, n, experts, write_tbps):
+    """Issue 10's wgrad floor: max(FLOPs / 790 TFLOP/s, x and dy at 4.36 TB/s + the dW of `experts`
+    experts at the write bandwidth)."""
+    flops_ms = 2.0 * t * k * n / 790e12 * 1e3
+    bytes_ms = (2 * (t * k + t * n) / 4.36e12 + 2 * experts * k * n / (write_tbps * 1e12)) * 1e3
+    return max(flops_ms, bytes_ms)
+
+
 def part_wgrad(cases, counts_by_case, write_tbps, moe_configs=()):
     print(f"\nwgrad (write bandwidth measured: {write_tbps:.2f} TB/s)")
     print(f"{'shape':<20} {'zero E':>6} {'ours ms':>8} {'torch ms':>8} {'speedup':>7} {'floor ms':>8} {'%floor':>7} "
@@ -98,9 +106,7 @@ def part_wgrad(cases, counts_by_case, write_tbps, moe_configs=()):
             for fn in order:
                 times[fn] = min(times.get(fn, math.inf), bench._do_bench(fn, 25, 100))
         active = int((counts > 0).sum())
-        flops_ms = 2.0 * t * k * n / 790e12 * 1e3
-        bytes_ms = (2 * (t * k + t * n) / 4.36e12 + 2 * active * k * n / (write_tbps * 1e12)) * 1e3
-        floor = max(flops_ms, bytes_ms)
+        floor = wgrad_floor_ms(t, k, n, active, write_tbps)
         fractions.append(floor / times[ours])
         print(f"{name:<20} {e - active:>6} {times[ours]:8.3f} {times[theirs]:8.3f} {times[theirs] / times[ours]:7.2f} "
               f"{floor:8.3f} {100 * floor / times[ours]:6.1f}% {times[acc]:11.3f} {err:8.1e}"

@@ -192,10 +192,15 @@ class ExpertTileScheduler {
 template <int kTileM>
 using MoeTileScheduler = ExpertTileScheduler<RaggedRowTiles<kTileM>>;
 
+// The most tiles any count vector can make: each expert adds at most one partial row tile.
+inline int64_t most_tiles(int64_t num_tokens, int64_t num_experts, int64_t tiles_n, int tile_m) {
+  return ((num_tokens + tile_m - 1) / tile_m + num_experts) * tiles_n;
+}
+
 // CTAs of a persistent MoE kernel: `slots` CTAs (SMs x CTAs per SM), or fewer when there are fewer
-// tiles. Each expert adds at most one partial row tile, which bounds the tile count above.
+// tiles.
 inline int persistent_grid(int64_t slots, int64_t num_tokens, int64_t num_experts, int64_t tiles_n, int tile_m) {
-  const int64_t max_tiles = ((num_tokens + tile_m - 1) / tile_m + num_experts) * tiles_n;
+  const int64_t max_tiles = most_tiles(num_tokens, num_experts, tiles_n, tile_m);
   return static_cast<int>(max_tiles < slots ? max_tiles : slots);
 }
 

@@ -9,7 +9,7 @@ import cutlass_moe
 from cutlass_moe import moe_gemm, moe_gemm_wgrad
 from cutlass_moe.reference import assert_close_per_expert, expert_row_ranges, moe_gemm_reference
 
-from conftest import HAS_CUDA, backend_param, random_counts, requires_kernels, runs_here, wgrad_backend_param
+from conftest import DTYPE_NAMES, HAS_CUDA, backend_param, random_counts, requires_kernels, runs_here, wgrad_backend_param
 
 BF16 = torch.bfloat16
 
@@ -384,7 +384,7 @@ def test_wgrad_moe_deferred_stores_every_block_count(dtype, trans_b, config):
     # output must be written.
     if not runs_here("wgrad_moe"):
         pytest.skip("no sm90 MoE wgrad kernels for this GPU")
-    short = {torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
+    short = DTYPE_NAMES[dtype]
     if f"sm90:wgrad_moe:{short}:{short}:{config}" not in cutlass_moe.built_configs():
         pytest.skip(f"this build has no {short} MoE wgrad kernel with config {config}")
     gen = torch.Generator(device="cuda").manual_seed(21)

@@ -55,10 +55,9 @@ void MoeGemmInstance<kDType, kLayout, kConfig>::run(const MoeGemmProblem& p, voi
   // only where the tiles fill a few rounds (each expert adds at most one partial row tile) and one
   // step covers the experts (64 experts measured 1% slower for the walk alone).
   constexpr int64_t kHalvedRoundsAtMost = 16;
-  const int64_t most_tiles = ((p.num_tokens + Kernel::kTileM - 1) / Kernel::kTileM + p.num_experts) *
-                             ((p.n + Kernel::kTileN - 1) / Kernel::kTileN);
-  args.halve_last_round =
-      !Kernel::kPingpong && p.num_experts <= 32 && most_tiles <= kHalvedRoundsAtMost * sm_count;
+  const int64_t tiles = most_tiles(p.num_tokens, p.num_experts, (p.n + Kernel::kTileN - 1) / Kernel::kTileN,
+                                   Kernel::kTileM);
+  args.halve_last_round = !Kernel::kPingpong && p.num_experts <= 32 && tiles <= kHalvedRoundsAtMost * sm_count;
   // One CTA per SM: the kernel takes all of shared memory (checked below).
   args.hw_info.device_id = device;
   args.hw_info.sm_count = sm_count;

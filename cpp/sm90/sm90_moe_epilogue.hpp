@@ -237,21 +237,19 @@ class CooperativeSliceStaging {
   // returns the pair's two outputs. kPack == 2 (gated): each pair is one output, value(i, row, col)
   // returns it, and the slice covers 2 kStoreCols accumulator columns. Then thread 0 of the
   // consumer calls issue(sD) on the staged slice, to start its TMA store and commit it as one bulk
-  // group.
-  template <int kPack = 1, class Value, class Issue>
+  // group. kMatrices (16-bit outputs, kPack == 1): stage through stmatrix, four pairs per
+  // instruction, instead of one 32-bit store per pair. The wgrad takes it (about 1% faster,
+  // benchmarks/NOTES.md); in the forward's cooperative tile it needs a register more than the
+  // consumers' 168 and spills.
+  template <int kPack = 1, bool kMatrices = false, class Value, class Issue>
   CUTLASS_DEVICE void stage(int slice, Value&& value, Issue&& issue) {
+    static_assert(!kMatrices || (kPack == 1 && sizeof(Element) == 2), "stmatrix stages 16-bit pairs");
     using namespace cute;
     constexpr int kThreads = cutlass::NumThreadsPerWarpGroup;
     TiledMma tiled_mma;
     Tensor offsets = tiled_mma.get_thread_slice(0).partition_C(
         make_identity_tensor(make_shape(Int<kTileM>{}, Int<kTileN>{})));
     const int slice_col = slice * kStoreCols;
-    // Opaque to the compiler here, so that it computes the stores' offsets at each slice instead of
-    // keeping up to 16 of them in registers across the kernel's mainloop (the cooperative kernel
-    // stages slices while its next tile's MMAs run, where registers are short).
-    int swizzle = (thread_row_ % 8) ^ (thread_col_ / kChunk);
-    int thread_offset = thread_row_ * kStoreCols + thread_col_ % kChunk;
-    asm volatile("" : "+r"(swizzle), "+r"(thread_offset));
 
     // Buffers alternate over the consumer's whole sequence of slices, across tiles: a tile may
     // store an odd number of slices (N's last tile), and restarting at buffer 0 would then
@@ -260,23 +258,33 @@ class CooperativeSliceStaging {
     next_buffer_ = (next_buffer_ + 1) % kBuffers;
     if (thread_ == 0) tma_store_wait<kBuffers - 1>();  // this buffer's last store has read it
     cutlass::arch::NamedBarrier::sync(kThreads, consumer_);
-    CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < size(offsets); i += 2) {
-      const int row = get<0>(offsets(i));
-      const int col = get<1>(offsets(i)) - slice_col * kPack;  // offsets(i + 1) is (row, col + 1)
-      if (col >= 0 && col < kStoreCols * kPack) {
-        if constexpr (kPack == 1) {
-          const int offset = thread_offset + row * kStoreCols + (((col / kChunk) ^ swizzle) * kChunk);
-          *reinterpret_cast<cutlass::Array<Element, 2>*>(buffer + offset) =
-              value(i, thread_row_ + row, slice_col + col + thread_col_);
-        } else {
-          // The pair's output column is (col + thread_col_) / 2: col / 2 is a multiple of 4 (values
-          // sit at columns 8j, 8j + 1) and thread_col_ / 2 < 4, so the sum stays in col / 2's chunk.
-          static_assert(kChunk == 8, "a gated pair's column offset (< 4) stays inside its 8-element chunk");
-          const int out_col = col / 2;
-          const int offset = thread_offset - thread_col_ % kChunk + row * kStoreCols +
-                             (((out_col / kChunk) ^ swizzle) * kChunk) + out_col % kChunk + thread_col_ / 2;
-          buffer[offset] = value(i, thread_row_ + row, slice_col + out_col + thread_col_ / 2);
+    if constexpr (kMatrices) {
+      stage_matrices(offsets, slice_col, buffer, value);
+    } else {
+      // Opaque to the compiler here, so that it computes the stores' offsets at each slice instead of
+      // keeping up to 16 of them in registers across the kernel's mainloop (the cooperative kernel
+      // stages slices while its next tile's MMAs run, where registers are short).
+      int swizzle = (thread_row_ % 8) ^ (thread_col_ / kChunk);
+      int thread_offset = thread_row_ * kStoreCols + thread_col_ % kChunk;
+      asm volatile("" : "+r"(swizzle), "+r"(thread_offset));
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < size(offsets); i += 2) {
+        const int row = get<0>(offsets(i));
+        const int col = get<1>(offsets(i)) - slice_col * kPack;  // offsets(i + 1) is (row, col + 1)
+        if (col >= 0 && col < kStoreCols * kPack) {
+          if constexpr (kPack == 1) {
+            const int offset = thread_offset + row * kStoreCols + (((col / kChunk) ^ swizzle) * kChunk);
+            *reinterpret_cast<cutlass::Array<Element, 2>*>(buffer + offset) =
+                value(i, thread_row_ + row, slice_col + col + thread_col_);
+          } else {
+            // The pair's output column is (col + thread_col_) / 2: col / 2 is a multiple of 4 (values
+            // sit at columns 8j, 8j + 1) and thread_col_ / 2 < 4, so the sum stays in col / 2's chunk.
+            static_assert(kChunk == 8, "a gated pair's column offset (< 4) stays inside its 8-element chunk");
+            const int out_col = col / 2;
+            const int offset = thread_offset - thread_col_ % kChunk + row * kStoreCols +
+                               (((out_col / kChunk) ^ swizzle) * kChunk) + out_col % kChunk + thread_col_ / 2;
+            buffer[offset] = value(i, thread_row_ + row, slice_col + out_col + thread_col_ / 2);
+          }
         }
       }
     }
@@ -294,6 +302,36 @@ class CooperativeSliceStaging {
   }
 
  private:
+  // stage()'s stores through stmatrix.x4. In the GMMA accumulator layout, pairs i, i + 2, i + 4 and
+  // i + 6 (i a multiple of 8) are the thread's words of four 8x8 matrices: rows +0 and +8 of column
+  // group j (even), then of group j + 1, all in one slice. Lane l gives the address of row l % 8 of
+  // matrix l / 8, in the 128-byte swizzle: 16-byte chunk (j + l / 16) XOR (row mod 8), where the row
+  // mod 8 is l % 8 (a warp's rows and an M atom's start at multiples of 16).
+  template <class Offsets, class Value>
+  CUTLASS_DEVICE void stage_matrices(Offsets const& offsets, int slice_col, Element* buffer, Value& value) {
+    using namespace cute;
+    const int lane = thread_ % 32;
+    const int warp_row = thread_row_ - lane / 4;  // the warp's first row in the consumer's part
+    int lane_offset = (warp_row + (lane / 8) % 2 * 8 + lane % 8) * kStoreCols;
+    int lane_chunk = lane / 16;
+    int swizzle = lane % 8;
+    asm volatile("" : "+r"(lane_offset), "+r"(lane_chunk), "+r"(swizzle));  // as in stage()'s other path
+    auto word = [&](int i) {
+      const auto pair = value(i, thread_row_ + get<0>(offsets(i)), get<1>(offsets(i)) + thread_col_);
+      return reinterpret_cast<uint32_t const&>(pair);
+    };
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < size(offsets); i += 8) {
+      const int col = get<1>(offsets(i)) - slice_col;  // thread 0's column of group j
+      if (col >= 0 && col < kStoreCols) {
+        const int offset =
+            lane_offset + get<0>(offsets(i)) * kStoreCols + (((col / kChunk + lane_chunk) ^ swizzle) * kChunk);
+        SM90_U32x4_STSM_N::copy(word(i), word(i + 2), word(i + 4), word(i + 6),
+                                *reinterpret_cast<uint128_t*>(buffer + offset));
+      }
+    }
+  }
+
   Buffer* buffers_;
   int next_buffer_ = 0;  // the buffer of the consumer's next slice
   int consumer_;

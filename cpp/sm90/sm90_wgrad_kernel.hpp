@@ -188,7 +188,7 @@ class WgradTmaStoreEpilogue {
     // No box wholly outside dW; no columns left: the same for the whole consumer.
     if (first_row >= params_.m || slice * kStoreCols >= params_.n - first_col) return;
     auto shape = make_shape(params_.m, params_.n, params_.num_experts);
-    staging_.stage(slice, value, [&](auto const& sD) {
+    staging_.template stage<1, /*kMatrices=*/sizeof(ElementOut) == 2>(slice, value, [&](auto const& sD) {
       auto issue = [&](auto const& tma) {
         Tensor gD = domain_offset(make_coord(first_row, first_col + slice * kStoreCols, tile.expert),
                                   tma.get_tma_tensor(shape));

@@ -7,8 +7,8 @@ trained with torch.compile, and host time per call, each against torch._grouped_
   fwdbwd     y = moe_gemm(x, w, counts); y.backward(dy) against the same with torch._grouped_mm.
   train      a two-layer MoE model, 50 steps of AdamW on a toy regression task, under
              torch.compile(fullgraph=True), ours against torch._grouped_mm from the same weights and
-             data: per-step loss agreement and the median step time after warm-up (optimizer step
-             included, compile time excluded).
+             data, trained side by side (alternating steps): per-step loss agreement and the median
+             step time after warm-up (optimizer step included, compile time excluded).
   host       host us per call (1000 back-to-back calls, then one synchronize) of moe_gemm,
              torch._grouped_mm and torch.mm on a tiny problem, and per weight tensor over a model's
              worth (48 layers x 3 projections), under torch.no_grad() and with grad.
@@ -202,20 +202,13 @@ def profile_step(step_fn, opt, x, target, label):
     print(events.table(sort_by="self_cpu_time_total", row_limit=12, max_name_column_width=60))
 
 
-def train(gemm, state, data, steps, mode, profile=False):
+def compiled_model(gemm, state, mode):
+    """The two-layer model from `state`, its AdamW and its compiled forward."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[Block(32, 1024, 2048, 4, gemm) for _ in range(2)]).to("cuda", BF16)
     model.load_state_dict(state)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    step_fn = torch.compile(model, fullgraph=True, mode=mode)
-    losses, times = [], []
-    for i in range(steps):
-        loss, seconds = timed_step(step_fn, opt, *data[i])
-        times.append(seconds)
-        losses.append(float(loss.detach()))
-    if profile:
-        profile_step(step_fn, opt, *data[0], f"{gemm.__name__}, mode={mode}")
-    return losses, times
+    return torch.compile(model, fullgraph=True, mode=mode), opt
 
 
 def part_train(steps=50, warmup=10, profile=False):
@@ -231,12 +224,23 @@ def part_train(steps=50, warmup=10, profile=False):
         x = torch.randn(4096, 1024, device="cuda", generator=gen).to(BF16)
         data.append((x, torch.tanh(x.float() @ proj)))
     # The default mode launches every kernel from the host; "reduce-overhead" replays CUDA graphs
-    # (no host sync in either op, so the counts can change between replays).
+    # (no host sync in either op, so the counts can change between replays). The two models train
+    # side by side, step i of one next to step i of the other (which goes first alternates), so that
+    # the GPU's clock and the host's state drift alike for both.
     for mode in ("default", "reduce-overhead"):
         torch._dynamo.reset()
-        ours_losses, ours_times = train(ours_gemm, state, data, steps, mode, profile and mode == "default")
-        torch._dynamo.reset()
-        torch_losses, torch_times = train(torch_gemm, state, data, steps, mode, profile and mode == "default")
+        runs = {gemm: (*compiled_model(gemm, state, mode), [], []) for gemm in (ours_gemm, torch_gemm)}
+        for i in range(steps):
+            for gemm in (runs if i % 2 == 0 else reversed(list(runs))):
+                step_fn, opt, losses, times = runs[gemm]
+                loss, seconds = timed_step(step_fn, opt, *data[i])
+                times.append(seconds)
+                losses.append(float(loss.detach()))
+        if profile and mode == "default":
+            for gemm, (step_fn, opt, _, _) in runs.items():
+                profile_step(step_fn, opt, *data[0], f"{gemm.__name__}, mode={mode}")
+        _, _, ours_losses, ours_times = runs[ours_gemm]
+        _, _, torch_losses, torch_times = runs[torch_gemm]
         worst = max(abs(a - b) / abs(b) for a, b in zip(ours_losses, torch_losses))
         ours_ms = statistics.median(ours_times[warmup:]) * 1e3
         torch_ms = statistics.median(torch_times[warmup:]) * 1e3
@@ -297,7 +301,7 @@ def part_host_breakdown():
     x, w, counts, offs, b = host_problem()
     out = torch.empty(t, n, device="cuda", dtype=BF16)
     dtype, layout = ops._DTYPES[BF16], ops._LAYOUTS["kn"]
-    plan = ops._plan(dtype, layout, t, e, n, k, ops._BACKENDS["auto"], ops._CONFIGS["auto"], 0)
+    plan = ops._plan(dtype, layout, t, e, n, k, ops._BACKENDS["auto"], ops._CONFIGS["auto"], 0, False)
     stream = ops._stream(0)
     args = (plan, ops._COUNT_TYPES[torch.int32], x.data_ptr(), k, w.data_ptr(), n, k * n, out.data_ptr(), n,
             counts.data_ptr(), 0, 0)
@@ -311,13 +315,17 @@ def part_host_breakdown():
             x, w, counts, False, "auto", "auto"),
         "torch.ops.cutlass_moe.moe_gemm_wgrad.default": lambda: torch.ops.cutlass_moe.moe_gemm_wgrad.default(
             x, out, counts, False, None, "auto", "auto"),
+        "torch.ops.cutlass_moe.moe_gemm_launch.default (compiled graphs)": lambda: (
+            torch.ops.cutlass_moe.moe_gemm_launch.default(x, w, counts, False, "auto", "auto")),
+        "torch.ops.cutlass_moe.moe_gemm_wgrad_launch.default": lambda: (
+            torch.ops.cutlass_moe.moe_gemm_wgrad_launch.default(x, out, counts, False, None, "auto", "auto")),
         "moe_gemm_wgrad": lambda: cutlass_moe.moe_gemm_wgrad(x, out, counts),
         "_C.run (one launch)": lambda: ops._C.run(*args, False, stream),
         "_C.run + zero tail": lambda: ops._C.run(*args, True, stream),
         "torch.empty": lambda: torch.empty(t, n, dtype=BF16, device=x.device),
         "x.new_empty": lambda: x.new_empty((t, n)),
         "_stream": lambda: ops._stream(0),
-        "_plan lookup": lambda: ops._plan(dtype, layout, t, e, n, k, 0, -1, 0),
+        "_plan lookup": lambda: ops._plan(dtype, layout, t, e, n, k, 0, -1, 0, False),
         "key (shape, stride, dtype, device) x3": lambda: (
             x.shape, x.stride(), x.dtype, x.device, w.shape, w.stride(), w.dtype, w.device,
             counts.shape, counts.dtype, counts.device),
@@ -326,7 +334,7 @@ def part_host_breakdown():
     print(f"\nhost breakdown, us per call (E={e} T={t} K={k} N={n}, bf16, no_grad)")
     with torch.no_grad():
         for name, fn in steps.items():
-            print(f"  {name:<40} {per_call_us(fn, 3000):7.2f}")
+            print(f"  {name:<62} {per_call_us(fn, 3000):7.2f}")
 
 
 def main():

@@ -153,6 +153,11 @@ def _opcheck(device):
                           (x, w.detach().transpose(1, 2).contiguous().requires_grad_(), counts, True, "auto", "auto"))
     torch.library.opcheck(torch.ops.cutlass_moe.moe_gemm_wgrad.default, (x, dy, counts, False, None, "auto", "auto"))
     torch.library.opcheck(torch.ops.cutlass_moe.moe_gemm_wgrad.default, (x, dy, counts, True, torch.float32, "auto", "auto"))
+    # The launch-only twins that compiled graphs call (no autograd kernel: inputs without grad).
+    x, w, dy = x.detach(), w.detach(), dy.detach()
+    torch.library.opcheck(torch.ops.cutlass_moe.moe_gemm_launch.default, (x, w, counts, False, "auto", "auto"))
+    torch.library.opcheck(torch.ops.cutlass_moe.moe_gemm_wgrad_launch.default,
+                          (x, dy, counts, True, torch.float32, "auto", "auto"))
 
 
 def test_opcheck_cpu():
@@ -200,6 +205,40 @@ def test_compile_fullgraph_cpu():
     torch.testing.assert_close(y, eager)
     y.sum().backward()
     assert model.w_gate.grad is not None and model.w_down.grad is not None
+
+
+def test_compiled_graphs_call_the_launch_ops_cpu():
+    # Compiled graphs call the launch-only ops (no Python autograd layer per call): the forward and
+    # the dgrad through cutlass_moe::moe_gemm_launch, the wgrad through moe_gemm_wgrad_launch.
+    from torch._functorch.aot_autograd import aot_module_simplified
+    from functorch.compile import make_boxed_func
+    torch._dynamo.reset()
+    targets = {}
+
+    def backend(gm, inputs):
+        def keep(name):
+            def compiler(graph, _):
+                targets[name] = [str(n.target) for n in graph.graph.nodes if n.op == "call_function"]
+                return make_boxed_func(graph.forward)
+            return compiler
+        return aot_module_simplified(gm, inputs, fw_compiler=keep("forward"), bw_compiler=keep("backward"))
+
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(24, 32, generator=gen, requires_grad=True)
+    w = torch.randn(3, 32, 16, generator=gen, requires_grad=True)
+    counts = torch.tensor([10, 0, 14])
+    loss = torch.compile(lambda x, w: moe_gemm(x, w, counts).pow(2).sum(), fullgraph=True, backend=backend)(x, w)
+    loss.backward()
+    ours = [t for graph in targets.values() for t in graph if t.startswith("cutlass_moe.")]
+    assert targets["forward"].count("cutlass_moe.moe_gemm_launch.default") == 1, targets
+    assert sorted(t for t in targets["backward"] if t.startswith("cutlass_moe.")) == [
+        "cutlass_moe.moe_gemm_launch.default", "cutlass_moe.moe_gemm_wgrad_launch.default"], targets
+    assert len(ours) == 3
+    gx, gw = x.grad, w.grad
+    x2, w2 = x.detach().requires_grad_(), w.detach().requires_grad_()
+    moe_gemm(x2, w2, counts).pow(2).sum().backward()
+    torch.testing.assert_close(gx, x2.grad)
+    torch.testing.assert_close(gw, w2.grad)
 
 
 def test_gmm_cpu_is_moe_gemm():

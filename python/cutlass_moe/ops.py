@@ -304,13 +304,18 @@ def _resolved_call(x, weights, tokens_per_expert, trans_b, backend, config) -> O
     return r
 
 
-@torch.library.custom_op("cutlass_moe::moe_gemm", mutates_args=())
-def _moe_gemm_op(x: torch.Tensor, weights: torch.Tensor, tokens_per_expert: torch.Tensor, trans_b: bool,
-                 backend: str, config: str) -> torch.Tensor:
+def _moe_gemm_call(x, weights, tokens_per_expert, trans_b, backend, config) -> torch.Tensor:
+    """The body of cutlass_moe::moe_gemm and of its launch-only twin."""
     r = _resolved_call(x, weights, tokens_per_expert, trans_b, backend, config)
     if r is None:
         return _moe_gemm_impl(x, weights, tokens_per_expert, trans_b, None, backend, config)
     return _launch(r, x, weights, tokens_per_expert, None)
+
+
+@torch.library.custom_op("cutlass_moe::moe_gemm", mutates_args=())
+def _moe_gemm_op(x: torch.Tensor, weights: torch.Tensor, tokens_per_expert: torch.Tensor, trans_b: bool,
+                 backend: str, config: str) -> torch.Tensor:
+    return _moe_gemm_call(x, weights, tokens_per_expert, trans_b, backend, config)
 
 
 @_moe_gemm_op.register_fake
@@ -326,29 +331,36 @@ def _moe_gemm_setup_context(ctx, inputs, output):
                           weights if ctx.needs_input_grad[0] else None, tokens_per_expert)
 
 
-def _moe_gemm_grads(ctx, grad, traced: bool):
-    """(dx, dW). traced: through the registered ops (torch.compile, export); else through the
-    public functions (eager: no dispatcher cost, and differentiable again under create_graph)."""
+def _moe_gemm_grads(ctx, grad, path: str):
+    """(dx, dW), through the registered ops ("op": a traced call of torch.ops.cutlass_moe.moe_gemm),
+    their launch-only twins ("launch": compiled graphs, see _CompiledMoeGemm) or the public functions
+    ("eager": no dispatcher cost, and differentiable again under create_graph)."""
     x, weights, tokens_per_expert = ctx.saved_tensors
     grad_x = grad_weights = None
     grad = grad.contiguous()
     if ctx.needs_input_grad[0]:
         # dgrad: dx_e = dy_e @ W_e^T, the forward op with the weights in the other layout (no copy).
-        if traced:
-            grad_x = _moe_gemm_op(grad, weights, tokens_per_expert, not ctx.trans_b, ctx.backend, "auto")
+        args = (grad, weights, tokens_per_expert, not ctx.trans_b, ctx.backend, "auto")
+        if path == "op":
+            grad_x = _moe_gemm_op(*args)
+        elif path == "launch":
+            grad_x = torch.ops.cutlass_moe.moe_gemm_launch.default(*args)
         else:
             grad_x = moe_gemm(grad, weights, tokens_per_expert, trans_b=not ctx.trans_b, backend=ctx.backend)
     if ctx.needs_input_grad[1]:
         # wgrad: dW_e = x_e^T @ dy_e, in the weights' shape and dtype, on the forward family's arch.
         backend = _WGRAD_BACKEND_OF[ctx.backend]
-        if traced:
-            grad_weights = _moe_gemm_wgrad_op(x, grad, tokens_per_expert, ctx.trans_b, None, backend, "auto")
+        args = (x, grad, tokens_per_expert, ctx.trans_b, None, backend, "auto")
+        if path == "op":
+            grad_weights = _moe_gemm_wgrad_op(*args)
+        elif path == "launch":
+            grad_weights = torch.ops.cutlass_moe.moe_gemm_wgrad_launch.default(*args)
         else:
             grad_weights = moe_gemm_wgrad(x, grad, tokens_per_expert, trans_b=ctx.trans_b, backend=backend)
     return grad_x, grad_weights
 
 
-_moe_gemm_op.register_autograd(lambda ctx, grad: (*_moe_gemm_grads(ctx, grad, traced=True), None, None, None, None),
+_moe_gemm_op.register_autograd(lambda ctx, grad: (*_moe_gemm_grads(ctx, grad, "op"), None, None, None, None),
                                setup_context=_moe_gemm_setup_context)
 
 
@@ -368,7 +380,26 @@ class _MoeGemmFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        return (*_moe_gemm_grads(ctx, grad, traced=False), None, None, None, None, None)
+        return (*_moe_gemm_grads(ctx, grad, "eager"), None, None, None, None, None)
+
+
+class _CompiledMoeGemm(torch.autograd.Function):
+    """moe_gemm as torch.compile traces it: the forward, dgrad and wgrad through the launch-only ops
+    (cutlass_moe::moe_gemm_launch, cutlass_moe::moe_gemm_wgrad_launch: the kernels of the registered
+    ops, without an autograd kernel). A compiled graph calls its ops through the dispatcher, and an op
+    with registered autograd runs its Python autograd layer on every call even where nothing needs a
+    gradient: about 20 us more per call (benchmarks/NOTES.md), which made a small compiled training
+    step host-bound and slower than torch._grouped_mm's."""
+
+    @staticmethod
+    def forward(ctx, x, weights, tokens_per_expert, trans_b, backend, config):
+        ctx.trans_b, ctx.backend = trans_b, backend
+        ctx.save_for_backward(x, weights, tokens_per_expert)  # the partitioner drops what goes unused
+        return torch.ops.cutlass_moe.moe_gemm_launch.default(x, weights, tokens_per_expert, trans_b, backend, config)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return (*_moe_gemm_grads(ctx, grad, "launch"), None, None, None, None)
 
 
 def _traced(*tensors) -> bool:
@@ -472,8 +503,8 @@ def moe_gemm(
         from .fused import FusedArgs, moe_gemm_fused  # fused.py builds on this module
         return moe_gemm_fused(x, weights, tokens_per_expert, trans_b, out, backend, config,
                               FusedArgs(bias, activation or "none", row_scale))
-    if out is None:  # only under torch.compile here (eager calls took the path above): the registered op
-        return _moe_gemm_op(x, weights, tokens_per_expert, trans_b, backend, config)
+    if out is None:  # only under torch.compile here (eager calls took the path above)
+        return _CompiledMoeGemm.apply(x, weights, tokens_per_expert, trans_b, backend, config)
     return _moe_gemm_impl(x, weights, tokens_per_expert, trans_b, out, backend, config)
 
 
@@ -564,16 +595,35 @@ def _moe_gemm_wgrad_impl(x, grad_out, tokens_per_expert, trans_b, out, accumulat
     return out
 
 
+def _moe_gemm_wgrad_call(x, grad_out, tokens_per_expert, trans_b, out_dtype, backend, config) -> torch.Tensor:
+    """The body of cutlass_moe::moe_gemm_wgrad and of its launch-only twin."""
+    return _moe_gemm_wgrad_impl(x, grad_out, tokens_per_expert, trans_b, None, False, out_dtype, backend, config)
+
+
 @torch.library.custom_op("cutlass_moe::moe_gemm_wgrad", mutates_args=())
 def _moe_gemm_wgrad_op(x: torch.Tensor, grad_out: torch.Tensor, tokens_per_expert: torch.Tensor, trans_b: bool,
                        out_dtype: Optional[torch.dtype], backend: str, config: str) -> torch.Tensor:
-    return _moe_gemm_wgrad_impl(x, grad_out, tokens_per_expert, trans_b, None, False, out_dtype, backend, config)
+    return _moe_gemm_wgrad_call(x, grad_out, tokens_per_expert, trans_b, out_dtype, backend, config)
 
 
 @_moe_gemm_wgrad_op.register_fake
 def _moe_gemm_wgrad_fake(x, grad_out, tokens_per_expert, trans_b, out_dtype, backend, config):
     e, k, n = tokens_per_expert.shape[0], x.shape[1], grad_out.shape[1]
     return x.new_empty((e, n, k) if trans_b else (e, k, n), dtype=out_dtype or x.dtype)
+
+
+# The launch-only twins of the two ops, for compiled graphs (_CompiledMoeGemm): the same schema,
+# kernels and fake implementations, and no autograd kernel (differentiating through them warns).
+_LAUNCH_LIB = torch.library.Library("cutlass_moe", "FRAGMENT")
+_LAUNCH_LIB.define("moe_gemm_launch(Tensor x, Tensor weights, Tensor tokens_per_expert, bool trans_b, str backend, "
+                   "str config) -> Tensor")
+_LAUNCH_LIB.define("moe_gemm_wgrad_launch(Tensor x, Tensor grad_out, Tensor tokens_per_expert, bool trans_b, "
+                   "ScalarType? out_dtype, str backend, str config) -> Tensor")
+for _key in ("CPU", "CUDA"):
+    _LAUNCH_LIB.impl("moe_gemm_launch", _moe_gemm_call, _key)
+    _LAUNCH_LIB.impl("moe_gemm_wgrad_launch", _moe_gemm_wgrad_call, _key)
+torch.library.register_fake("cutlass_moe::moe_gemm_launch", _moe_gemm_fake, lib=_LAUNCH_LIB)
+torch.library.register_fake("cutlass_moe::moe_gemm_wgrad_launch", _moe_gemm_wgrad_fake, lib=_LAUNCH_LIB)
 
 
 def _moe_gemm_wgrad_setup_context(ctx, inputs, output):

@@ -241,6 +241,24 @@ def test_compiled_graphs_call_the_launch_ops_cpu():
     torch.testing.assert_close(gw, w2.grad)
 
 
+def test_export_holds_the_registered_op_cpu():
+    class Layer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(3, 32, 16, generator=torch.Generator().manual_seed(6)))
+
+        def forward(self, x, counts):
+            return moe_gemm(x, self.w, counts)
+
+    x, counts = torch.randn(24, 32, generator=torch.Generator().manual_seed(7)), torch.tensor([10, 0, 14])
+    layer = Layer()
+    for strict in (True, False):
+        program = torch.export.export(layer, (x, counts), strict=strict)
+        targets = [str(n.target) for n in program.graph.nodes if n.op == "call_function"]
+        assert targets == ["cutlass_moe.moe_gemm.default"], (strict, targets)
+        torch.testing.assert_close(program.module()(x, counts), layer(x, counts))
+
+
 def test_gmm_cpu_is_moe_gemm():
     gen = torch.Generator().manual_seed(4)
     a = torch.randn(30, 16, dtype=BF16, generator=gen)

@@ -503,7 +503,9 @@ def moe_gemm(
         from .fused import FusedArgs, moe_gemm_fused  # fused.py builds on this module
         return moe_gemm_fused(x, weights, tokens_per_expert, trans_b, out, backend, config,
                               FusedArgs(bias, activation or "none", row_scale))
-    if out is None:  # only under torch.compile here (eager calls took the path above)
+    if out is None:  # only under torch.compile or export here (eager calls took the path above)
+        if torch.compiler.is_exporting():  # an exported program holds the registered op
+            return _moe_gemm_op(x, weights, tokens_per_expert, trans_b, backend, config)
         return _CompiledMoeGemm.apply(x, weights, tokens_per_expert, trans_b, backend, config)
     return _moe_gemm_impl(x, weights, tokens_per_expert, trans_b, out, backend, config)
 

@@ -408,6 +408,13 @@ def _traced(*tensors) -> bool:
     return torch.compiler.is_compiling() or any(t.is_meta for t in tensors)
 
 
+def _exporting() -> bool:
+    """Whether torch.export is tracing. Not torch.compiler.is_exporting(): torch 2.11's Dynamo folds
+    that to True under torch.compile as well. The flag it reads is set by torch.export alone; where a
+    torch lacks it, exports take the compiled path (the launch ops under an autograd.Function)."""
+    return getattr(torch.compiler, "_is_exporting_flag", False)
+
+
 def _records_graph(*tensors) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
@@ -504,7 +511,7 @@ def moe_gemm(
         return moe_gemm_fused(x, weights, tokens_per_expert, trans_b, out, backend, config,
                               FusedArgs(bias, activation or "none", row_scale))
     if out is None:  # only under torch.compile or export here (eager calls took the path above)
-        if torch.compiler.is_exporting():  # an exported program holds the registered op
+        if _exporting():  # an exported program holds the registered op
             return _moe_gemm_op(x, weights, tokens_per_expert, trans_b, backend, config)
         return _CompiledMoeGemm.apply(x, weights, tokens_per_expert, trans_b, backend, config)
     return _moe_gemm_impl(x, weights, tokens_per_expert, trans_b, out, backend, config)

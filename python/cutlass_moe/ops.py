@@ -388,7 +388,7 @@ class _CompiledMoeGemm(torch.autograd.Function):
     (cutlass_moe::moe_gemm_launch, cutlass_moe::moe_gemm_wgrad_launch: the kernels of the registered
     ops, without an autograd kernel). A compiled graph calls its ops through the dispatcher, and an op
     with registered autograd runs its Python autograd layer on every call even where nothing needs a
-    gradient: about 20 us more per call (benchmarks/NOTES.md), which made a small compiled training
+    gradient: 10-17 us more per call (benchmarks/NOTES.md), which made a small compiled training
     step host-bound and slower than torch._grouped_mm's."""
 
     @staticmethod

@@ -125,12 +125,17 @@ def _wgrad_bad_cases():
     yield "out dtype", dict(out=torch.zeros(2, 16, 24, dtype=torch.float64)), TypeError, "out: expected dtype"
     yield "counts dtype", dict(tokens_per_expert=c.float()), TypeError, "tokens_per_expert: expected dtype"
     yield "accumulate type", dict(accumulate=1), TypeError, "accumulate: expected a bool"
+    # Same signature as the good call (checked once per signature): the counts' values still are.
+    yield "negative counts", dict(tokens_per_expert=torch.tensor([-1, 9])), ValueError, \
+        "tokens_per_expert: counts must be >= 0"
+    yield "counts past T", dict(tokens_per_expert=torch.tensor([4, 5])), ValueError, "tokens_per_expert: counts sum to 9"
 
 
 @pytest.mark.parametrize("label,override,exc,match", list(_wgrad_bad_cases()), ids=[c[0] for c in _wgrad_bad_cases()])
 def test_wgrad_bad_arguments_raise_naming_the_argument(label, override, exc, match):
     kwargs = dict(x=torch.randn(8, 16, dtype=BF16), grad_out=torch.randn(8, 24, dtype=BF16),
                   tokens_per_expert=torch.tensor([3, 5]))
+    moe_gemm_wgrad(kwargs["x"], kwargs["grad_out"], kwargs["tokens_per_expert"])  # a good call first
     kwargs.update(override)
     with pytest.raises(exc) as info:
         moe_gemm_wgrad(kwargs.pop("x"), kwargs.pop("grad_out"), kwargs.pop("tokens_per_expert"), **kwargs)

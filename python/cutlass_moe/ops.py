@@ -672,6 +672,36 @@ class _MoeGemmWgradFunction(torch.autograd.Function):
         return (*_moe_gemm_wgrad_grads(ctx, grad, traced=False), None, None, None, None, None)
 
 
+# Eager wgrad calls whose arguments passed the checks, by signature (as _RESOLVED for moe_gemm).
+_WGRAD_CHECKED: set = set()
+
+
+def _check_wgrad_call(x, grad_out, tokens_per_expert, trans_b, out, accumulate, out_dtype, backend, config) -> None:
+    """moe_gemm_wgrad's argument checks, once per signature of an eager call: everything they read
+    (data pointers and counts on the CPU are still checked every call, by _moe_gemm_wgrad_impl)."""
+    key = None
+    if not torch.compiler.is_compiling():
+        try:
+            key = (x.shape, x.stride(), x.dtype, x.device, grad_out.shape, grad_out.stride(), grad_out.dtype,
+                   grad_out.device, tokens_per_expert.shape, tokens_per_expert.dtype, tokens_per_expert.device,
+                   trans_b, trans_b.__class__, accumulate, accumulate.__class__, out_dtype, backend, config,
+                   None if out is None else (out.shape, out.stride(), out.dtype, out.device))
+            if key in _WGRAD_CHECKED:
+                return
+        except (AttributeError, TypeError):  # not tensors, or unhashable options: the checks name them
+            key = None
+    _check_wgrad(x, grad_out, tokens_per_expert, trans_b, out, accumulate, backend)
+    _check_config(config)
+    if out_dtype not in (None, x.dtype, torch.float32):
+        raise TypeError(f"out_dtype: expected None, {x.dtype} (x's) or torch.float32, got {out_dtype}")
+    if out is not None and out_dtype not in (None, out.dtype):
+        raise TypeError(f"out_dtype: {out_dtype} does not match out's {out.dtype}")
+    if key is not None:
+        if len(_WGRAD_CHECKED) >= 4096:
+            _WGRAD_CHECKED.clear()
+        _WGRAD_CHECKED.add(key)
+
+
 def moe_gemm_wgrad(
     x: torch.Tensor,
     grad_out: torch.Tensor,
@@ -715,12 +745,7 @@ def moe_gemm_wgrad(
     The gradient of x (dgrad) needs no kernel of its own: it is
     ``moe_gemm(grad_out, weights, tokens_per_expert, trans_b=not trans_b)``.
     """
-    _check_wgrad(x, grad_out, tokens_per_expert, trans_b, out, accumulate, backend)
-    _check_config(config)
-    if out_dtype not in (None, x.dtype, torch.float32):
-        raise TypeError(f"out_dtype: expected None, {x.dtype} (x's) or torch.float32, got {out_dtype}")
-    if out is not None and out_dtype not in (None, out.dtype):
-        raise TypeError(f"out_dtype: {out_dtype} does not match out's {out.dtype}")
+    _check_wgrad_call(x, grad_out, tokens_per_expert, trans_b, out, accumulate, out_dtype, backend, config)
     if out is None:
         if _traced(x, grad_out):
             return _moe_gemm_wgrad_op(x, grad_out, tokens_per_expert, trans_b, out_dtype, backend, config)

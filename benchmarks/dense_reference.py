@@ -27,7 +27,7 @@ To run (on the GPU machine): python3 benchmarks/dense_reference.py [--rounds 5] 
 from __future__ import annotations
 
 import argparse
-import math
+import statistics
 
 import torch
 
@@ -81,10 +81,14 @@ def main() -> None:
               flush=True)
         del x, w, runners
         torch.cuda.empty_cache()
+    print_fractions(fractions)
+
+
+def print_fractions(fractions) -> None:
+    """Each provider's floor fractions over the shapes: geomean and min."""
     for name, values in fractions.items():
         if values:
-            geo = math.exp(sum(math.log(v) for v in values) / len(values))
-            print(f"{name}: floor fraction geomean {geo:.3f}, min {min(values):.3f}")
+            print(f"{name}: floor fraction geomean {statistics.geometric_mean(values):.3f}, min {min(values):.3f}")
 
 
 def wgrad_reference(rounds: int) -> None:
@@ -128,9 +132,7 @@ def wgrad_reference(rounds: int) -> None:
               + " ".join(f"{100 * fr[nm]:10.1f}%" for nm in names), flush=True)
         del x, dy, xb, dyb, runners
         torch.cuda.empty_cache()
-    for nm, values in fractions.items():
-        geo = math.exp(sum(math.log(v) for v in values) / len(values))
-        print(f"{nm}: floor fraction geomean {geo:.3f}, min {min(values):.3f}")
+    print_fractions(fractions)
 
 
 if __name__ == "__main__":

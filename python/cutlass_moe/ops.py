@@ -334,29 +334,16 @@ def _moe_gemm_setup_context(ctx, inputs, output):
 def _moe_gemm_grads(ctx, grad, path: str):
     """(dx, dW), through the registered ops ("op": a traced call of torch.ops.cutlass_moe.moe_gemm),
     their launch-only twins ("launch": compiled graphs, see _CompiledMoeGemm) or the public functions
-    ("eager": no dispatcher cost, and differentiable again under create_graph)."""
+    ("eager": no dispatcher cost, and differentiable again under create_graph); _GRAD_CALLS."""
     x, weights, tokens_per_expert = ctx.saved_tensors
-    grad_x = grad_weights = None
+    gemm, wgrad = _GRAD_CALLS[path]
     grad = grad.contiguous()
-    if ctx.needs_input_grad[0]:
-        # dgrad: dx_e = dy_e @ W_e^T, the forward op with the weights in the other layout (no copy).
-        args = (grad, weights, tokens_per_expert, not ctx.trans_b, ctx.backend, "auto")
-        if path == "op":
-            grad_x = _moe_gemm_op(*args)
-        elif path == "launch":
-            grad_x = torch.ops.cutlass_moe.moe_gemm_launch.default(*args)
-        else:
-            grad_x = moe_gemm(grad, weights, tokens_per_expert, trans_b=not ctx.trans_b, backend=ctx.backend)
-    if ctx.needs_input_grad[1]:
-        # wgrad: dW_e = x_e^T @ dy_e, in the weights' shape and dtype, on the forward family's arch.
-        backend = _WGRAD_BACKEND_OF[ctx.backend]
-        args = (x, grad, tokens_per_expert, ctx.trans_b, None, backend, "auto")
-        if path == "op":
-            grad_weights = _moe_gemm_wgrad_op(*args)
-        elif path == "launch":
-            grad_weights = torch.ops.cutlass_moe.moe_gemm_wgrad_launch.default(*args)
-        else:
-            grad_weights = moe_gemm_wgrad(x, grad, tokens_per_expert, trans_b=ctx.trans_b, backend=backend)
+    # dgrad: dx_e = dy_e @ W_e^T, the forward op with the weights in the other layout (no copy).
+    grad_x = (gemm(grad, weights, tokens_per_expert, not ctx.trans_b, ctx.backend, "auto")
+              if ctx.needs_input_grad[0] else None)
+    # wgrad: dW_e = x_e^T @ dy_e, in the weights' shape and dtype, on the forward family's arch.
+    grad_weights = (wgrad(x, grad, tokens_per_expert, ctx.trans_b, None, _WGRAD_BACKEND_OF[ctx.backend], "auto")
+                    if ctx.needs_input_grad[1] else None)
     return grad_x, grad_weights
 
 
@@ -633,6 +620,16 @@ for _key in ("CPU", "CUDA"):
     _LAUNCH_LIB.impl("moe_gemm_wgrad_launch", _moe_gemm_wgrad_call, _key)
 torch.library.register_fake("cutlass_moe::moe_gemm_launch", _moe_gemm_fake, lib=_LAUNCH_LIB)
 torch.library.register_fake("cutlass_moe::moe_gemm_wgrad_launch", _moe_gemm_wgrad_fake, lib=_LAUNCH_LIB)
+
+# What _moe_gemm_grads calls on each path: (dgrad, wgrad), both positional as the ops' schemas.
+_GRAD_CALLS = {
+    "op": (_moe_gemm_op, _moe_gemm_wgrad_op),
+    "launch": (torch.ops.cutlass_moe.moe_gemm_launch.default, torch.ops.cutlass_moe.moe_gemm_wgrad_launch.default),
+    "eager": (lambda a, w, counts, trans_b, backend, config: moe_gemm(
+                  a, w, counts, trans_b=trans_b, backend=backend, config=config),
+              lambda a, dy, counts, trans_b, out_dtype, backend, config: moe_gemm_wgrad(
+                  a, dy, counts, trans_b=trans_b, out_dtype=out_dtype, backend=backend, config=config)),
+}
 
 
 def _moe_gemm_wgrad_setup_context(ctx, inputs, output):

@@ -303,6 +303,9 @@ def part_host_breakdown():
     dtype, layout = ops._DTYPES[BF16], ops._LAYOUTS["kn"]
     plan = ops._plan(dtype, layout, t, e, n, k, ops._BACKENDS["auto"], ops._CONFIGS["auto"], 0, False)
     stream = ops._stream(0)
+    bias, scale = torch.randn(e, n, device="cuda", dtype=BF16), torch.rand(t, device="cuda")
+    fused_args = (x, w, counts, False, bias, "relu", scale, False, 1.702, 7.0, "auto", "auto")
+    xg = x.view(t // e, e, k)  # grouped_linear's (B, G, K), G = E
     args = (plan, ops._COUNT_TYPES[torch.int32], x.data_ptr(), k, w.data_ptr(), n, k * n, out.data_ptr(), n,
             counts.data_ptr(), 0, 0)
     steps = {
@@ -320,6 +323,14 @@ def part_host_breakdown():
         "torch.ops.cutlass_moe.moe_gemm_wgrad_launch.default": lambda: (
             torch.ops.cutlass_moe.moe_gemm_wgrad_launch.default(x, out, counts, False, None, "auto", "auto")),
         "moe_gemm_wgrad": lambda: cutlass_moe.moe_gemm_wgrad(x, out, counts),
+        "torch.ops.cutlass_moe.moe_gemm_fused.default (bias, relu, row_scale)": lambda: (
+            torch.ops.cutlass_moe.moe_gemm_fused.default(*fused_args)),
+        "torch.ops.cutlass_moe.moe_gemm_fused_launch.default": lambda: (
+            torch.ops.cutlass_moe.moe_gemm_fused_launch.default(*fused_args)),
+        "torch.ops.cutlass_moe.grouped_linear.default (bias)": lambda: (
+            torch.ops.cutlass_moe.grouped_linear.default(xg, w, bias)),
+        "torch.ops.cutlass_moe.grouped_linear_launch.default": lambda: (
+            torch.ops.cutlass_moe.grouped_linear_launch.default(xg, w, bias)),
         "_C.run (one launch)": lambda: ops._C.run(*args, False, stream),
         "_C.run + zero tail": lambda: ops._C.run(*args, True, stream),
         "torch.empty": lambda: torch.empty(t, n, dtype=BF16, device=x.device),

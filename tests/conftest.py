@@ -120,3 +120,23 @@ def random_counts(num_experts: int, num_tokens: int, generator: torch.Generator,
         raise ValueError(kind)
     counts[-1] += num_tokens - counts.sum()
     return counts
+
+
+def graph_recorder():
+    """(backend, targets): a torch.compile backend that runs AOT autograd and records, per compiled
+    graph ("forward", "backward"), the sorted targets of its cutlass_moe ops (what a compiled graph
+    calls, after the autograd.Functions are traced through); `targets` maps each name to a list with
+    one entry per graph compiled."""
+    from functorch.compile import make_boxed_func
+    from torch._functorch.aot_autograd import aot_module_simplified
+    targets = {"forward": [], "backward": []}
+
+    def backend(gm, inputs):
+        def keep(name):
+            def compiler(graph, _):
+                ops = (str(n.target) for n in graph.graph.nodes if n.op == "call_function")
+                targets[name].append(sorted(t for t in ops if t.startswith("cutlass_moe.")))
+                return make_boxed_func(graph.forward)
+            return compiler
+        return aot_module_simplified(gm, inputs, fw_compiler=keep("forward"), bw_compiler=keep("backward"))
+    return backend, targets

@@ -8,7 +8,7 @@ import cutlass_moe
 from cutlass_moe import moe_gemm, moe_gemm_reference
 from cutlass_moe.reference import expert_row_ranges
 
-from conftest import HAS_CUDA, backend_param, random_counts
+from conftest import HAS_CUDA, backend_param, graph_recorder, random_counts
 
 ACTIVATIONS = [None, "relu", "gelu_tanh", "gelu", "silu"]
 gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
@@ -284,6 +284,39 @@ def test_fused_op_opcheck_cpu():
                           (x, w, counts, False, b, "swiglu_oai", scale, True, 1.702, 7.0, "auto", "auto"))
     torch.library.opcheck(torch.ops.cutlass_moe.moe_gemm_fused.default,
                           (x, w, counts, False, None, "relu", scale, False, 1.702, 7.0, "auto", "auto"))
+    torch.library.opcheck(torch.ops.cutlass_moe.moe_gemm_fused_launch.default,
+                          (x, w, counts, False, b, "swiglu_oai", scale, True, 1.702, 7.0, "auto", "auto"))
+
+
+def test_compiled_fused_calls_the_launch_op_export_the_registered_one_cpu():
+    # Without a gradient, a compiled graph calls the fused op's launch-only twin and an exported
+    # program records the registered op; with one, the composite (the plain GEMM's launch op).
+    x, gate, up, bg, bu, scale, counts = make_gated(64, 16, 8, 3, torch.float32, "cpu")
+    w, b = cutlass_moe.interleave_gate_up(gate, up), cutlass_moe.interleave_gate_up(bg, bu)
+    fn = lambda x, w, b, s: cutlass_moe.moe_gemm_gated(x, w, counts, bias=b, row_scale=s)
+    want = fn(x, w, b, scale)
+    torch._dynamo.reset()
+    backend, targets = graph_recorder()
+    with torch.no_grad():
+        got = torch.compile(fn, fullgraph=True, backend=backend)(x, w, b, scale)
+    assert targets == {"forward": [["cutlass_moe.moe_gemm_fused_launch.default"]], "backward": []}, targets
+    torch.testing.assert_close(got, want)
+
+    torch._dynamo.reset()
+    backend, targets = graph_recorder()
+    got = torch.compile(fn, fullgraph=True, backend=backend)(x, w.requires_grad_(), b, scale)
+    got.sum().backward()
+    assert targets["forward"] == [["cutlass_moe.moe_gemm_launch.default"]], targets
+    torch.testing.assert_close(got, want)
+
+    class Gated(torch.nn.Module):
+        def forward(self, x, w, b, s):
+            return fn(x, w, b, s)
+    with torch.no_grad():
+        program = torch.export.export(Gated(), (x, w.detach(), b, scale))
+    targets = [str(n.target) for n in program.graph.nodes if str(n.target).startswith("cutlass_moe.")]
+    assert targets == ["cutlass_moe.moe_gemm_fused.default"], targets
+    torch.testing.assert_close(program.module()(x, w.detach(), b, scale), want)
 
 
 @gpu
@@ -412,13 +445,21 @@ def test_gpu_fused_op_opcheck_and_compile():
     x, gate, up, bg, bu, scale, counts = make_gated(t, k, inter, e, torch.bfloat16, "cuda", seed=13)
     w, b = cutlass_moe.interleave_gate_up(gate, up), cutlass_moe.interleave_gate_up(bg, bu)
     c = counts.cuda()
-    torch.library.opcheck(torch.ops.cutlass_moe.moe_gemm_fused.default,
-                          (x, w, c, False, b, "silu", scale, True, 1.702, 7.0, "auto", "auto"))
+    for op in (torch.ops.cutlass_moe.moe_gemm_fused.default, torch.ops.cutlass_moe.moe_gemm_fused_launch.default):
+        torch.library.opcheck(op, (x, w, c, False, b, "silu", scale, True, 1.702, 7.0, "auto", "auto"))
     fn = torch.compile(lambda x, w, c, b, s: cutlass_moe.moe_gemm_gated(x, w, c, bias=b, row_scale=s),
                        fullgraph=True)
     with torch.no_grad():
         y = fn(x, w, c, b, scale)
     check(y, separate_reference(x, gate, up, bg, bu, scale, counts, "silu"), counts, t)
+    # Training: the composite, compiled (the bias's gradient through the wgrad's launch op) and eager.
+    grads = []
+    for run in (fn, lambda *args: cutlass_moe.moe_gemm_gated(*args[:3], bias=args[3], row_scale=args[4])):
+        leaves = [t_.detach().clone().requires_grad_() for t_ in (x, w, b, scale)]
+        run(leaves[0], leaves[1], c, leaves[2], leaves[3]).float().pow(2).sum().backward()
+        grads.append([leaf.grad for leaf in leaves])
+    for got, want in zip(*grads):
+        torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
 
 
 @gpu

@@ -11,7 +11,7 @@ from cutlass_moe.grouped_linear import (GATED_MLP_ACTIVATIONS, GroupedLinear, Gr
                                         gated_activation, grouped_linear, grouped_mlp)
 from cutlass_moe.reference import ACTIVATIONS
 
-from conftest import requires_cuda
+from conftest import graph_recorder, requires_cuda
 
 BF16, FP16, FP32, FP64 = torch.bfloat16, torch.float16, torch.float32, torch.float64
 # Per group: ||got - ref|| / ||ref|| (a product of bf16/fp16 inputs differs from the float32
@@ -220,7 +220,19 @@ def test_gradcheck_and_gradgradcheck():
 def test_opcheck():
     x, w, bb = make(4, 3, 8, 5, FP32)
     for args in ((x, w, bb), (x, w, None)):
-        torch.library.opcheck(_grouped_linear_op, [t.requires_grad_() if t is not None else None for t in args])
+        # the launch-only twin that compiled graphs call has no autograd: inputs without grad
+        torch.library.opcheck(torch.ops.cutlass_moe.grouped_linear_launch.default,
+                              [t.detach() if t is not None else None for t in args])
+        torch.library.opcheck(_grouped_linear_op, [t.detach().requires_grad_() if t is not None else None for t in args])
+
+
+def test_export_holds_the_registered_op():
+    layer = GroupedLinear(3, 8, 5)
+    x = torch.randn(4, 3, 8, generator=torch.Generator().manual_seed(12))
+    program = torch.export.export(layer, (x,))
+    targets = [str(n.target) for n in program.graph.nodes if n.op == "call_function"]
+    assert targets == ["cutlass_moe.grouped_linear.default"], targets
+    torch.testing.assert_close(program.module()(x), layer(x))
 
 
 def test_bad_arguments_name_themselves():
@@ -380,20 +392,20 @@ def test_from_gate_up(bias):
 
 @pytest.mark.parametrize("form", ["3d", "2d"])
 def test_compile_grouped_mlp_fullgraph(form):
-    # fullgraph=True raises on any graph break; one frame, the grouped GEMMs as the custom op.
-    from torch._dynamo.testing import CompileCounterWithBackend
+    # fullgraph=True raises on any graph break; one graph each way, whose grouped GEMMs are the
+    # launch-only op: the two projections forward, their two dgrads backward (the weights' gradients
+    # are bmm).
     torch._dynamo.reset()
     mlp = GroupedMLP(3, 16, 24, 8, bias=True)
     x = torch.randn(5, 3, 16, generator=torch.Generator().manual_seed(11))
     x_in = x.reshape(15, 16) if form == "2d" else x
-    counter = CompileCounterWithBackend("aot_eager")
-    compiled = torch.compile(mlp, fullgraph=True, backend=counter)
+    backend, targets = graph_recorder()
+    compiled = torch.compile(mlp, fullgraph=True, backend=backend)
     xl = x_in.clone().requires_grad_()
     y = compiled(xl)
     y.backward(torch.ones_like(y))
-    assert counter.frame_count == 1
-    ops = [node.target for graph in counter.graphs for node in graph.graph.nodes if node.op == "call_function"]
-    assert sum("grouped_linear" in str(op) for op in ops) == 2, ops
+    launches = ["cutlass_moe.grouped_linear_launch.default"] * 2
+    assert targets == {"forward": [launches], "backward": [launches]}, targets
     grads = [p.grad.clone() for p in mlp.parameters()]
     mlp.zero_grad()
     xe = x_in.clone().requires_grad_()

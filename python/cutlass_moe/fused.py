@@ -5,7 +5,8 @@
 Where they run:
   - in the MoE families' kernels (sm90 ``moe``, sm80 ``sm80_moe``), on the fp32 accumulators
     (``FusedEpilogue`` in cpp/fused_epilogue.hpp), when the call records no gradient: eager calls, and
-    torch.compile through the custom op ``torch.ops.cutlass_moe.moe_gemm_fused``;
+    torch.compile through ``torch.ops.cutlass_moe.moe_gemm_fused_launch`` (the launch-only twin of the
+    custom op ``torch.ops.cutlass_moe.moe_gemm_fused``, which torch.export records);
   - otherwise (a gradient is recorded, the CPU, another family) as the composite: the plain GEMM
     through :func:`moe_gemm` (differentiable; its registered op under torch.compile), then the
     epilogue as torch operations (``_apply_epilogue``). Its backward keeps the GEMM's output (the
@@ -21,8 +22,8 @@ import torch
 
 from . import _C
 from .ops import (_ACTIVATION_IDS, _BACKENDS, _CONFIGS, _DTYPES, _Resolved, _check_moe_gemm, _check_out,
-                  _check_tensor, _launch, _moe_gemm_impl, _on_device, _plan, _records_graph, _stream, _traced,
-                  _weight_layout, moe_gemm, moe_gemm_wgrad)
+                  _check_tensor, _compiled, _launch, _moe_gemm_impl, _on_device, _plan, _records_graph, _stream,
+                  _traced, _weight_layout, define_launch_op, moe_gemm, moe_gemm_wgrad)
 from .reference import ACTIVATIONS, GATED_ACTIVATIONS, gated_activation
 
 
@@ -220,12 +221,19 @@ def _run_fused(x, weights, tokens_per_expert, trans_b, out, backend, config, fus
     return out.copy_(torch.where(owned[:, None], y, out))
 
 
+def _moe_gemm_fused_call(x, weights, tokens_per_expert, trans_b, bias, activation, row_scale, gated, alpha, limit,
+                         backend, config) -> torch.Tensor:
+    """The body of cutlass_moe::moe_gemm_fused and of its launch-only twin."""
+    fused = FusedArgs(bias, activation, row_scale, gated, alpha, limit)
+    return _run_fused(x, weights, tokens_per_expert, trans_b, None, backend, config, fused)
+
+
 @torch.library.custom_op("cutlass_moe::moe_gemm_fused", mutates_args=())
 def _moe_gemm_fused_op(x: torch.Tensor, weights: torch.Tensor, tokens_per_expert: torch.Tensor, trans_b: bool,
                        bias: Optional[torch.Tensor], activation: str, row_scale: Optional[torch.Tensor], gated: bool,
                        alpha: float, limit: float, backend: str, config: str) -> torch.Tensor:
-    fused = FusedArgs(bias, activation, row_scale, gated, alpha, limit)
-    return _run_fused(x, weights, tokens_per_expert, trans_b, None, backend, config, fused)
+    return _moe_gemm_fused_call(x, weights, tokens_per_expert, trans_b, bias, activation, row_scale, gated, alpha,
+                                limit, backend, config)
 
 
 @_moe_gemm_fused_op.register_fake
@@ -233,6 +241,13 @@ def _moe_gemm_fused_fake(x, weights, tokens_per_expert, trans_b, bias, activatio
                          backend, config):
     n = weights.shape[1] if trans_b else weights.shape[2]
     return x.new_empty(x.shape[0], n // 2 if gated else n)
+
+
+# What compiled graphs call (ops.define_launch_op); the op records no gradient either way.
+_moe_gemm_fused_launch = define_launch_op(
+    "moe_gemm_fused_launch", "(Tensor x, Tensor weights, Tensor tokens_per_expert, bool trans_b, Tensor? bias, "
+    "str activation, Tensor? row_scale, bool gated, float alpha, float limit, str backend, str config) -> Tensor",
+    _moe_gemm_fused_call, _moe_gemm_fused_fake)
 
 
 def moe_gemm_fused(x, weights, tokens_per_expert, trans_b, out, backend, config, fused: FusedArgs) -> torch.Tensor:
@@ -247,8 +262,9 @@ def moe_gemm_fused(x, weights, tokens_per_expert, trans_b, out, backend, config,
         y = moe_gemm(x, weights, tokens_per_expert, trans_b=trans_b, backend=backend, config=config)
         return _apply_epilogue(y, tokens_per_expert, fused)
     if out is None and _traced(x, weights):
-        return _moe_gemm_fused_op(x, weights, tokens_per_expert, trans_b, fused.bias, fused.activation,
-                                  fused.row_scale, fused.gated, fused.alpha, fused.limit, backend, config)
+        op = _moe_gemm_fused_launch if _compiled() else _moe_gemm_fused_op
+        return op(x, weights, tokens_per_expert, trans_b, fused.bias, fused.activation, fused.row_scale, fused.gated,
+                  fused.alpha, fused.limit, backend, config)
     return _run_fused(x, weights, tokens_per_expert, trans_b, out, backend, config, fused)
 
 

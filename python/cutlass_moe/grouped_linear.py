@@ -33,9 +33,10 @@ What torch does with such views (measured with torch 2.13 on the CPU; on the GPU
     through a ``torch.autograd.Function`` whose backward is strided batched GEMMs again
     (``dx[b, g] = dy[b, g] @ W[g]^T`` is this op with ``W.transpose(1, 2)``; ``dW[g] = x[:, g]^T @
     dy[:, g]`` one ``bmm`` of strided views; ``dbias[g] = sum_b dy[b, g]``), and traced calls
-    (torch.compile, export, meta tensors) through the custom op ``torch.ops.cutlass_moe.
-    grouped_linear`` (a fake implementation and registered autograd), which keeps the in-place
-    write out of the traced graph.
+    through an op, which keeps the in-place write out of the traced graph: the custom op
+    ``torch.ops.cutlass_moe.grouped_linear`` (a fake implementation and registered autograd) under
+    torch.export and for meta tensors, its launch-only twin ``grouped_linear_launch`` (no Python
+    autograd layer per call) under an autograd.Function in compiled graphs.
 
 :class:`GroupedMLP` computes ``down(act(gate(x)) * up(x))`` per group with gate and up in one
 (G, K, 2H) weight, interleaved column by column (gate's column j at column 2j, up's at 2j + 1, the
@@ -61,8 +62,8 @@ from torch import nn
 from . import _C
 from .fused import FusedArgs, _runs_fused_kernel, gated_activation_of, interleave_gate_up, moe_gemm_gated
 from .ops import _ACTIVATION_IDS, _BACKENDS, _CONFIGS, _DTYPES as _CORE_DTYPES  # the core's ids
-from .ops import (_check_tensor, _new_workspace, _on_device, _plan, _records_graph, _stream, _traced,
-                  _weight_layout)
+from .ops import (_check_tensor, _compiled, _new_workspace, _on_device, _plan, _records_graph, _stream, _traced,
+                  _weight_layout, define_launch_op)
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 GATED_MLP_ACTIVATIONS = ("silu", "gelu", "gelu_tanh", "relu")  # gelu: the erf form; gelu_tanh: tanh approximation
@@ -275,15 +276,17 @@ def _grouped_linear_setup_context(ctx, inputs, output):
     ctx.weight_strides = weight.stride()
 
 
-def _grouped_linear_grads(ctx, grad, traced: bool):
-    """(dx, dW, dbias). traced: through the registered op (torch.compile, export); else through
-    the public function (eager: no dispatcher cost, and differentiable again under create_graph)."""
+def _grouped_linear_grads(ctx, grad, path: str):
+    """(dx, dW, dbias), the dgrad through the registered op ("op": torch.export), its launch-only twin
+    ("launch": compiled graphs, _CompiledGroupedLinear) or the public function ("eager": no
+    dispatcher cost, and differentiable again under create_graph)."""
     x, weight = ctx.saved_tensors
     grad_x = grad_weight = grad_bias = None
     if ctx.needs_input_grad[0]:
         # dgrad: dx[b, g] = dy[b, g] @ W[g]^T, this op with the weight's transposed view (no copy).
         weight_t = weight.transpose(1, 2)
-        grad_x = _grouped_linear_op(grad, weight_t, None) if traced else grouped_linear(grad, weight_t)
+        grad_x = (grouped_linear(grad, weight_t) if path == "eager"
+                  else (_grouped_linear_op if path == "op" else _grouped_linear_launch)(grad, weight_t, None))
     if ctx.needs_input_grad[1]:
         grad_weight = _weight_grad(x, grad, ctx.weight_strides)
     if ctx.needs_input_grad[2]:
@@ -291,8 +294,26 @@ def _grouped_linear_grads(ctx, grad, traced: bool):
     return grad_x, grad_weight, grad_bias
 
 
-_grouped_linear_op.register_autograd(lambda ctx, grad: _grouped_linear_grads(ctx, grad, traced=True),
+_grouped_linear_op.register_autograd(lambda ctx, grad: _grouped_linear_grads(ctx, grad, "op"),
                                      setup_context=_grouped_linear_setup_context)
+_grouped_linear_launch = define_launch_op("grouped_linear_launch", "(Tensor x, Tensor weight, Tensor? bias) -> Tensor",
+                                          _grouped_linear_impl, _grouped_linear_fake)
+
+
+class _CompiledGroupedLinear(torch.autograd.Function):
+    """grouped_linear as torch.compile traces it: the forward and the dgrad through the launch-only
+    op cutlass_moe::grouped_linear_launch, which has no Python autograd layer to run on every call
+    (cutlass_moe.ops.define_launch_op); the weight's and bias's gradients are torch operations."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        ctx.save_for_backward(x, weight)  # the partitioner drops what goes unused
+        ctx.weight_strides = weight.stride()
+        return _grouped_linear_launch(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _grouped_linear_grads(ctx, grad, "launch")
 
 
 class _GroupedLinearFunction(torch.autograd.Function):
@@ -306,7 +327,7 @@ class _GroupedLinearFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        return _grouped_linear_grads(ctx, grad, traced=False)
+        return _grouped_linear_grads(ctx, grad, "eager")
 
 
 def grouped_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, *,
@@ -333,7 +354,7 @@ def grouped_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.T
     first, as ``nn.Linear``'s are (not with ``out``).
 
     Autograd: differentiable in x, weight and bias (``torch.ops.cutlass_moe.grouped_linear`` under
-    torch.compile): ``dx[b, g] = dy[b, g] @ weight[g]^T`` (this function with the weight's
+    torch.export; compiled graphs call its launch-only twin ``grouped_linear_launch``): ``dx[b, g] = dy[b, g] @ weight[g]^T`` (this function with the weight's
     transposed view), ``dweight[g] = x[:, g]^T @ dy[:, g]`` (one bmm, in the weight's layout) and
     ``dbias[g] = sum_b dy[b, g]``.
 
@@ -361,7 +382,9 @@ def grouped_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.T
         if _records_graph(x, weight, bias):
             raise RuntimeError("out: a call with out= is not differentiable; drop out= or run under torch.no_grad()")
         return _grouped_linear_impl(x, weight, bias, out)
-    if _traced(x, weight):
+    if _compiled():
+        return _CompiledGroupedLinear.apply(x, weight, bias)
+    if _traced(x, weight):  # torch.export, meta tensors
         return _grouped_linear_op(x, weight, bias)
     if _records_graph(x, weight, bias):
         return _GroupedLinearFunction.apply(x, weight, bias)

@@ -382,7 +382,7 @@ class _CompiledMoeGemm(torch.autograd.Function):
     def forward(ctx, x, weights, tokens_per_expert, trans_b, backend, config):
         ctx.trans_b, ctx.backend = trans_b, backend
         ctx.save_for_backward(x, weights, tokens_per_expert)  # the partitioner drops what goes unused
-        return torch.ops.cutlass_moe.moe_gemm_launch.default(x, weights, tokens_per_expert, trans_b, backend, config)
+        return _moe_gemm_launch(x, weights, tokens_per_expert, trans_b, backend, config)
 
     @staticmethod
     def backward(ctx, grad):
@@ -400,6 +400,12 @@ def _exporting() -> bool:
     that to True under torch.compile as well. The flag it reads is set by torch.export alone; where a
     torch lacks it, exports take the compiled path (the launch ops under an autograd.Function)."""
     return getattr(torch.compiler, "_is_exporting_flag", False)
+
+
+def _compiled() -> bool:
+    """Whether torch.compile (not torch.export) is tracing the call: its graph calls the launch-only
+    twins of the ops (define_launch_op), an exported program the registered ops."""
+    return torch.compiler.is_compiling() and not _exporting()
 
 
 def _records_graph(*tensors) -> bool:
@@ -498,9 +504,9 @@ def moe_gemm(
         return moe_gemm_fused(x, weights, tokens_per_expert, trans_b, out, backend, config,
                               FusedArgs(bias, activation or "none", row_scale))
     if out is None:  # only under torch.compile or export here (eager calls took the path above)
-        if _exporting():  # an exported program holds the registered op
-            return _moe_gemm_op(x, weights, tokens_per_expert, trans_b, backend, config)
-        return _CompiledMoeGemm.apply(x, weights, tokens_per_expert, trans_b, backend, config)
+        if _compiled():
+            return _CompiledMoeGemm.apply(x, weights, tokens_per_expert, trans_b, backend, config)
+        return _moe_gemm_op(x, weights, tokens_per_expert, trans_b, backend, config)  # export
     return _moe_gemm_impl(x, weights, tokens_per_expert, trans_b, out, backend, config)
 
 
@@ -608,23 +614,35 @@ def _moe_gemm_wgrad_fake(x, grad_out, tokens_per_expert, trans_b, out_dtype, bac
     return x.new_empty((e, n, k) if trans_b else (e, k, n), dtype=out_dtype or x.dtype)
 
 
-# The launch-only twins of the two ops, for compiled graphs (_CompiledMoeGemm): the same schema,
-# kernels and fake implementations, and no autograd kernel (differentiating through them warns).
+# Launch-only twins of the registered ops, for compiled graphs (_compiled()): the same schema, kernels
+# and fake implementations, and no autograd kernel (differentiating through them warns). A compiled
+# graph calls its ops through the dispatcher, where a torch.library.custom_op runs its Python autograd
+# layer on every call, registered backward or not: 10-17 us per call on an H200 host
+# (benchmarks/NOTES.md, "Compiled graphs call launch-only ops").
 _LAUNCH_LIB = torch.library.Library("cutlass_moe", "FRAGMENT")
-_LAUNCH_LIB.define("moe_gemm_launch(Tensor x, Tensor weights, Tensor tokens_per_expert, bool trans_b, str backend, "
-                   "str config) -> Tensor")
-_LAUNCH_LIB.define("moe_gemm_wgrad_launch(Tensor x, Tensor grad_out, Tensor tokens_per_expert, bool trans_b, "
-                   "ScalarType? out_dtype, str backend, str config) -> Tensor")
-for _key in ("CPU", "CUDA"):
-    _LAUNCH_LIB.impl("moe_gemm_launch", _moe_gemm_call, _key)
-    _LAUNCH_LIB.impl("moe_gemm_wgrad_launch", _moe_gemm_wgrad_call, _key)
-torch.library.register_fake("cutlass_moe::moe_gemm_launch", _moe_gemm_fake, lib=_LAUNCH_LIB)
-torch.library.register_fake("cutlass_moe::moe_gemm_wgrad_launch", _moe_gemm_wgrad_fake, lib=_LAUNCH_LIB)
+
+
+def define_launch_op(name: str, schema: str, impl, fake):
+    """cutlass_moe::<name><schema> with `impl` on the CPU and CUDA and `fake` for tracing; returns
+    its overload, torch.ops.cutlass_moe.<name>.default."""
+    _LAUNCH_LIB.define(name + schema)
+    for key in ("CPU", "CUDA"):
+        _LAUNCH_LIB.impl(name, impl, key)
+    torch.library.register_fake(f"cutlass_moe::{name}", fake, lib=_LAUNCH_LIB)
+    return getattr(torch.ops.cutlass_moe, name).default
+
+
+_moe_gemm_launch = define_launch_op(
+    "moe_gemm_launch", "(Tensor x, Tensor weights, Tensor tokens_per_expert, bool trans_b, str backend, "
+    "str config) -> Tensor", _moe_gemm_call, _moe_gemm_fake)
+_moe_gemm_wgrad_launch = define_launch_op(
+    "moe_gemm_wgrad_launch", "(Tensor x, Tensor grad_out, Tensor tokens_per_expert, bool trans_b, "
+    "ScalarType? out_dtype, str backend, str config) -> Tensor", _moe_gemm_wgrad_call, _moe_gemm_wgrad_fake)
 
 # What _moe_gemm_grads calls on each path: (dgrad, wgrad), both positional as the ops' schemas.
 _GRAD_CALLS = {
     "op": (_moe_gemm_op, _moe_gemm_wgrad_op),
-    "launch": (torch.ops.cutlass_moe.moe_gemm_launch.default, torch.ops.cutlass_moe.moe_gemm_wgrad_launch.default),
+    "launch": (_moe_gemm_launch, _moe_gemm_wgrad_launch),
     "eager": (lambda a, w, counts, trans_b, backend, config: moe_gemm(
                   a, w, counts, trans_b=trans_b, backend=backend, config=config),
               lambda a, dy, counts, trans_b, out_dtype, backend, config: moe_gemm_wgrad(
@@ -744,6 +762,8 @@ def moe_gemm_wgrad(
     """
     _check_wgrad_call(x, grad_out, tokens_per_expert, trans_b, out, accumulate, out_dtype, backend, config)
     if out is None:
+        if _compiled() and not _records_graph(x, grad_out):  # e.g. inside a compiled backward
+            return _moe_gemm_wgrad_launch(x, grad_out, tokens_per_expert, trans_b, out_dtype, backend, config)
         if _traced(x, grad_out):
             return _moe_gemm_wgrad_op(x, grad_out, tokens_per_expert, trans_b, out_dtype, backend, config)
         if _records_graph(x, grad_out):

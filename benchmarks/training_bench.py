@@ -306,6 +306,13 @@ def part_host_breakdown():
     bias, scale = torch.randn(e, n, device="cuda", dtype=BF16), torch.rand(t, device="cuda")
     fused_args = (x, w, counts, False, bias, "relu", scale, False, 1.702, 7.0, "auto", "auto")
     xg = x.view(t // e, e, k)  # grouped_linear's (B, G, K), G = E
+    dw = torch.empty(e, k, n, device="cuda", dtype=BF16)
+    auto_backend, auto_config = ops._BACKENDS["auto"], ops._CONFIGS["auto"]
+    wgrad_ws = ops._wgrad_workspace_size(dtype, dtype, layout, False, t, e, n, k, auto_backend, auto_config, 0)
+    wgrad_workspace = ops._new_workspace(wgrad_ws, x.device) if wgrad_ws else None
+    wgrad_args = (auto_backend, auto_config, dtype, dtype, layout, ops._COUNT_TYPES[torch.int32], False, t, e, n, k,
+                  x.data_ptr(), k, out.data_ptr(), n, dw.data_ptr(), n, k * n, counts.data_ptr(),
+                  wgrad_workspace.data_ptr() if wgrad_ws else 0, wgrad_ws, stream)
     args = (plan, ops._COUNT_TYPES[torch.int32], x.data_ptr(), k, w.data_ptr(), n, k * n, out.data_ptr(), n,
             counts.data_ptr(), 0, 0)
     steps = {
@@ -323,6 +330,11 @@ def part_host_breakdown():
         "torch.ops.cutlass_moe.moe_gemm_wgrad_launch.default": lambda: (
             torch.ops.cutlass_moe.moe_gemm_wgrad_launch.default(x, out, counts, False, None, "auto", "auto")),
         "moe_gemm_wgrad": lambda: cutlass_moe.moe_gemm_wgrad(x, out, counts),
+        "_moe_gemm_wgrad_impl": lambda: ops._moe_gemm_wgrad_impl(x, out, counts, False, None, False, None, "auto",
+                                                                 "auto"),
+        "_C.wgrad (one launch)": lambda: ops._C.wgrad(*wgrad_args),
+        "_wgrad_workspace_size (cached)": lambda: ops._wgrad_workspace_size(dtype, dtype, layout, False, t, e, n, k,
+                                                                            auto_backend, auto_config, 0),
         "torch.ops.cutlass_moe.moe_gemm_fused.default (bias, relu, row_scale)": lambda: (
             torch.ops.cutlass_moe.moe_gemm_fused.default(*fused_args)),
         "torch.ops.cutlass_moe.moe_gemm_fused_launch.default": lambda: (

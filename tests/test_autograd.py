@@ -226,6 +226,19 @@ def test_compiled_graphs_call_the_launch_ops_cpu():
     assert targets == {"forward": [["cutlass_moe.moe_gemm_launch.default"]],
                        "backward": [["cutlass_moe.moe_gemm_launch.default",
                                      "cutlass_moe.moe_gemm_wgrad_launch.default"]]}, targets
+    # moe_gemm_wgrad differentiated under torch.compile: the launch ops both ways too.
+    torch._dynamo.reset()
+    backend, targets = graph_recorder()
+    dy = torch.randn(24, 16, generator=gen, requires_grad=True)
+    xw = x.detach().requires_grad_()
+    fn = lambda x, dy: moe_gemm_wgrad(x, dy, counts).pow(2).sum()
+    torch.compile(fn, fullgraph=True, backend=backend)(xw, dy).backward()
+    assert targets == {"forward": [["cutlass_moe.moe_gemm_wgrad_launch.default"]],
+                       "backward": [["cutlass_moe.moe_gemm_launch.default"] * 2]}, targets
+    xw2, dy2 = x.detach().requires_grad_(), dy.detach().requires_grad_()
+    fn(xw2, dy2).backward()
+    torch.testing.assert_close(xw.grad, xw2.grad)
+    torch.testing.assert_close(dy.grad, dy2.grad)
     gx, gw = x.grad, w.grad
     x2, w2 = x.detach().requires_grad_(), w.detach().requires_grad_()
     moe_gemm(x2, w2, counts).pow(2).sum().backward()

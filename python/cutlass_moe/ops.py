@@ -557,43 +557,75 @@ def _check_wgrad(x, grad_out, tokens_per_expert, trans_b, out, accumulate, backe
     return num_tokens, k, num_experts, n
 
 
+class _WgradResolved:
+    """What a moe_gemm_wgrad launch needs besides the data pointers, from the call's signature (as
+    _Resolved for moe_gemm): dW's shape and dtype, its layout and strides, the kernel ids and the
+    workspace size. Built once per signature (_check_wgrad_call) on checked arguments on the GPU."""
+
+    __slots__ = ("head", "out_shape", "out_dtype", "ldx", "ld_grad_out", "ldw", "expert_stride", "ws_bytes",
+                 "host_counts", "device", "empty")
+
+    def __init__(self, x, grad_out, tokens_per_expert, trans_b, out, accumulate, out_dtype, backend, config):
+        num_tokens, k = x.shape
+        n = grad_out.shape[1]
+        num_experts = tokens_per_expert.shape[0]
+        self.out_shape = (num_experts, n, k) if trans_b else (num_experts, k, n)
+        self.out_dtype = out.dtype if out is not None else (out_dtype or x.dtype)
+        self.device = x.device.index
+        self.host_counts = tokens_per_expert.device.type == "cpu"
+        self.empty = num_experts == 0 or n == 0 or k == 0
+        if self.empty:
+            return
+        if num_tokens > 0 and (x.stride(1) != 1 or grad_out.stride(1) != 1):
+            bad = "x" if x.stride(1) != 1 else "grad_out"
+            raise ValueError(f"{bad}: the last dimension must be contiguous, got strides "
+                             f"{tuple((x if bad == 'x' else grad_out).stride())}")
+        # A new dW is contiguous: its layout and strides as _weight_layout reads them off a tensor.
+        dw = out if out is not None else torch.empty(self.out_shape, device="meta")
+        layout, self.ldw = _weight_layout(dw, trans_b, name="out")
+        self.expert_stride = dw.stride(0) if num_experts > 1 else 0
+        dtype, out_dtype_id = _DTYPES[x.dtype], (_FP32 if self.out_dtype == torch.float32 else _DTYPES[x.dtype])
+        backend_id, config_id = _BACKENDS[backend], _CONFIGS[config]
+        self.ws_bytes = _wgrad_workspace_size(dtype, out_dtype_id, layout, accumulate, num_tokens, num_experts, n,
+                                              k, backend_id, config_id, self.device)
+        self.head = (backend_id, config_id, dtype, out_dtype_id, layout, _COUNT_TYPES[tokens_per_expert.dtype],
+                     accumulate, num_tokens, num_experts, n, k)
+        self.ldx = x.stride(0) if num_tokens > 1 else k
+        self.ld_grad_out = grad_out.stride(0) if num_tokens > 1 else n
+
+
 def _moe_gemm_wgrad_impl(x, grad_out, tokens_per_expert, trans_b, out, accumulate, out_dtype, backend,
-                         config) -> torch.Tensor:
-    num_tokens, k = x.shape
-    n = grad_out.shape[1]
-    num_experts = tokens_per_expert.shape[0]
-    _check_host_counts(tokens_per_expert, num_tokens)
-    if out is None:
-        shape = (num_experts, n, k) if trans_b else (num_experts, k, n)
-        out = torch.empty(shape, dtype=out_dtype or x.dtype, device=x.device)
+                         config, resolved: Optional[_WgradResolved] = None) -> torch.Tensor:
+    """Runs the wgrad on checked arguments. resolved: _check_wgrad_call's answer for them (looked up
+    here when not given: the ops' bodies)."""
     if x.device.type == "cpu":
+        _check_host_counts(tokens_per_expert, x.shape[0])
+        if out is None:
+            num_experts, k, n = tokens_per_expert.shape[0], x.shape[1], grad_out.shape[1]
+            shape = (num_experts, n, k) if trans_b else (num_experts, k, n)
+            out = torch.empty(shape, dtype=out_dtype or x.dtype, device=x.device)
         ref = moe_gemm_wgrad_reference(x, grad_out, tokens_per_expert, trans_b=trans_b)
         if accumulate:
             out += ref
         else:
             out.copy_(ref)
         return out
-    if num_experts == 0 or n == 0 or k == 0:
-        return out
-    if num_tokens > 0 and (x.stride(1) != 1 or grad_out.stride(1) != 1):
-        bad = "x" if x.stride(1) != 1 else "grad_out"
-        raise ValueError(f"{bad}: the last dimension must be contiguous, got strides "
-                         f"{tuple((x if bad == 'x' else grad_out).stride())}")
-    layout, ldw = _weight_layout(out, trans_b, name="out")
-    device = x.device.index
-    dtype, out_dtype_id = _DTYPES[x.dtype], (_FP32 if out.dtype == torch.float32 else _DTYPES[x.dtype])
-    backend_id, config_id = _BACKENDS[backend], _CONFIGS[config]
-    ws_bytes = _wgrad_workspace_size(dtype, out_dtype_id, layout, accumulate, num_tokens, num_experts, n, k,
-                                     backend_id, config_id, device)
-    workspace = _new_workspace(ws_bytes, x.device) if ws_bytes else None
+    r = (resolved or _check_wgrad_call(x, grad_out, tokens_per_expert, trans_b, out, accumulate, out_dtype, backend,
+                                       config)
+         or _WgradResolved(x, grad_out, tokens_per_expert, trans_b, out, accumulate, out_dtype, backend, config))
     counts = tokens_per_expert
-    if counts.device != x.device:
+    if r.host_counts:
+        _check_host_counts(counts, x.shape[0])
+    if out is None:
+        out = torch.empty(r.out_shape, dtype=r.out_dtype, device=x.device)
+    if r.empty:
+        return out
+    workspace = _new_workspace(r.ws_bytes, x.device) if r.ws_bytes else None
+    if r.host_counts:
         counts = counts.to(x.device, non_blocking=True)
-    _on_device(device, _C.wgrad, backend_id, config_id, dtype, out_dtype_id, layout, _COUNT_TYPES[counts.dtype],
-               accumulate, num_tokens, num_experts, n, k, x.data_ptr(), x.stride(0) if num_tokens > 1 else k,
-               grad_out.data_ptr(), grad_out.stride(0) if num_tokens > 1 else n,
-               out.data_ptr(), ldw, out.stride(0) if num_experts > 1 else 0, counts.data_ptr(),
-               workspace.data_ptr() if ws_bytes else 0, ws_bytes, _stream(device))
+    _on_device(r.device, _C.wgrad, *r.head, x.data_ptr(), r.ldx, grad_out.data_ptr(), r.ld_grad_out, out.data_ptr(),
+               r.ldw, r.expert_stride, counts.data_ptr(), workspace.data_ptr() if r.ws_bytes else 0, r.ws_bytes,
+               _stream(r.device))
     return out
 
 
@@ -656,20 +688,20 @@ def _moe_gemm_wgrad_setup_context(ctx, inputs, output):
     ctx.save_for_backward(x, grad_out, tokens_per_expert)
 
 
-def _moe_gemm_wgrad_grads(ctx, grad, traced: bool):
+def _moe_gemm_wgrad_grads(ctx, grad, path: str):
     # W_e = x_e^T dy_e (K x N, or its transpose): d x_e = dy_e G_e^T, d dy_e = x_e G_e, both the
-    # forward op with G (the incoming gradient, in W's layout) read one way or the other.
+    # forward op with G (the incoming gradient, in W's layout) read one way or the other; the
+    # forward op of `path` (_GRAD_CALLS).
     x, grad_out, tokens_per_expert = ctx.saved_tensors
     g = grad.to(x.dtype).contiguous()  # an incoming gradient may be an expanded view (stride 0)
-    gemm = ((lambda a, w, trans_b: _moe_gemm_op(a, w, tokens_per_expert, trans_b, "auto", "auto")) if traced
-            else (lambda a, w, trans_b: moe_gemm(a, w, tokens_per_expert, trans_b=trans_b)))
-    grad_x = gemm(grad_out, g, not ctx.trans_b) if ctx.needs_input_grad[0] else None
-    grad_dy = gemm(x, g, ctx.trans_b) if ctx.needs_input_grad[1] else None
+    gemm = _GRAD_CALLS[path][0]
+    grad_x = gemm(grad_out, g, tokens_per_expert, not ctx.trans_b, "auto", "auto") if ctx.needs_input_grad[0] else None
+    grad_dy = gemm(x, g, tokens_per_expert, ctx.trans_b, "auto", "auto") if ctx.needs_input_grad[1] else None
     return grad_x, grad_dy
 
 
 _moe_gemm_wgrad_op.register_autograd(
-    lambda ctx, grad: (*_moe_gemm_wgrad_grads(ctx, grad, traced=True), None, None, None, None, None),
+    lambda ctx, grad: (*_moe_gemm_wgrad_grads(ctx, grad, "op"), None, None, None, None, None),
     setup_context=_moe_gemm_wgrad_setup_context)
 
 
@@ -677,23 +709,42 @@ class _MoeGemmWgradFunction(torch.autograd.Function):
     """Eager autograd of moe_gemm_wgrad (see _MoeGemmFunction)."""
 
     @staticmethod
-    def forward(ctx, x, grad_out, tokens_per_expert, trans_b, out_dtype, backend, config):
+    def forward(ctx, x, grad_out, tokens_per_expert, trans_b, out_dtype, backend, config, resolved):
         inputs = (x, grad_out, tokens_per_expert, trans_b, out_dtype, backend, config)
         _moe_gemm_wgrad_setup_context(ctx, inputs, None)
-        return _moe_gemm_wgrad_impl(x, grad_out, tokens_per_expert, trans_b, None, False, out_dtype, backend, config)
+        return _moe_gemm_wgrad_impl(x, grad_out, tokens_per_expert, trans_b, None, False, out_dtype, backend, config,
+                                    resolved)
 
     @staticmethod
     def backward(ctx, grad):
-        return (*_moe_gemm_wgrad_grads(ctx, grad, traced=False), None, None, None, None, None)
+        return (*_moe_gemm_wgrad_grads(ctx, grad, "eager"), None, None, None, None, None, None)
 
 
-# Eager wgrad calls whose arguments passed the checks, by signature (as _RESOLVED for moe_gemm).
-_WGRAD_CHECKED: set = set()
+class _CompiledMoeGemmWgrad(torch.autograd.Function):
+    """moe_gemm_wgrad as torch.compile traces it where a gradient is recorded: the launch-only ops
+    forward and backward (see _CompiledMoeGemm)."""
+
+    @staticmethod
+    def forward(ctx, x, grad_out, tokens_per_expert, trans_b, out_dtype, backend, config):
+        ctx.trans_b = trans_b
+        ctx.save_for_backward(x, grad_out, tokens_per_expert)
+        return _moe_gemm_wgrad_launch(x, grad_out, tokens_per_expert, trans_b, out_dtype, backend, config)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return (*_moe_gemm_wgrad_grads(ctx, grad, "launch"), None, None, None, None, None)
 
 
-def _check_wgrad_call(x, grad_out, tokens_per_expert, trans_b, out, accumulate, out_dtype, backend, config) -> None:
-    """moe_gemm_wgrad's argument checks, once per signature of an eager call: everything they read
-    (data pointers and counts on the CPU are still checked every call, by _moe_gemm_wgrad_impl)."""
+# Wgrad calls whose arguments passed the checks, by signature, with their resolution (None where no
+# kernel runs: the CPU, meta tensors), as _RESOLVED for moe_gemm.
+_WGRAD_RESOLVED: dict = {}
+
+
+def _check_wgrad_call(x, grad_out, tokens_per_expert, trans_b, out, accumulate, out_dtype, backend,
+                      config) -> Optional[_WgradResolved]:
+    """moe_gemm_wgrad's argument checks and its launch's resolution, once per signature of a call
+    that is not traced: everything they read (data pointers are checked by the core on every call,
+    and counts on the CPU by _moe_gemm_wgrad_impl)."""
     key = None
     if not torch.compiler.is_compiling():
         try:
@@ -701,8 +752,8 @@ def _check_wgrad_call(x, grad_out, tokens_per_expert, trans_b, out, accumulate, 
                    grad_out.device, tokens_per_expert.shape, tokens_per_expert.dtype, tokens_per_expert.device,
                    trans_b, trans_b.__class__, accumulate, accumulate.__class__, out_dtype, backend, config,
                    None if out is None else (out.shape, out.stride(), out.dtype, out.device))
-            if key in _WGRAD_CHECKED:
-                return
+            if key in _WGRAD_RESOLVED:
+                return _WGRAD_RESOLVED[key]
         except (AttributeError, TypeError):  # not tensors, or unhashable options: the checks name them
             key = None
     _check_wgrad(x, grad_out, tokens_per_expert, trans_b, out, accumulate, backend)
@@ -711,10 +762,14 @@ def _check_wgrad_call(x, grad_out, tokens_per_expert, trans_b, out, accumulate, 
         raise TypeError(f"out_dtype: expected None, {x.dtype} (x's) or torch.float32, got {out_dtype}")
     if out is not None and out_dtype not in (None, out.dtype):
         raise TypeError(f"out_dtype: {out_dtype} does not match out's {out.dtype}")
+    r = None
+    if x.device.type == "cuda" and key is not None:
+        r = _WgradResolved(x, grad_out, tokens_per_expert, trans_b, out, accumulate, out_dtype, backend, config)
     if key is not None:
-        if len(_WGRAD_CHECKED) >= 4096:
-            _WGRAD_CHECKED.clear()
-        _WGRAD_CHECKED.add(key)
+        if len(_WGRAD_RESOLVED) >= 4096:
+            _WGRAD_RESOLVED.clear()
+        _WGRAD_RESOLVED[key] = r
+    return r
 
 
 def moe_gemm_wgrad(
@@ -760,12 +815,16 @@ def moe_gemm_wgrad(
     The gradient of x (dgrad) needs no kernel of its own: it is
     ``moe_gemm(grad_out, weights, tokens_per_expert, trans_b=not trans_b)``.
     """
-    _check_wgrad_call(x, grad_out, tokens_per_expert, trans_b, out, accumulate, out_dtype, backend, config)
+    r = _check_wgrad_call(x, grad_out, tokens_per_expert, trans_b, out, accumulate, out_dtype, backend, config)
     if out is None:
-        if _compiled() and not _records_graph(x, grad_out):  # e.g. inside a compiled backward
+        if _compiled():
+            if _records_graph(x, grad_out):
+                return _CompiledMoeGemmWgrad.apply(x, grad_out, tokens_per_expert, trans_b, out_dtype, backend, config)
             return _moe_gemm_wgrad_launch(x, grad_out, tokens_per_expert, trans_b, out_dtype, backend, config)
-        if _traced(x, grad_out):
+        if _traced(x, grad_out):  # torch.export, meta tensors
             return _moe_gemm_wgrad_op(x, grad_out, tokens_per_expert, trans_b, out_dtype, backend, config)
         if _records_graph(x, grad_out):
-            return _MoeGemmWgradFunction.apply(x, grad_out, tokens_per_expert, trans_b, out_dtype, backend, config)
-    return _moe_gemm_wgrad_impl(x, grad_out, tokens_per_expert, trans_b, out, accumulate, out_dtype, backend, config)
+            return _MoeGemmWgradFunction.apply(x, grad_out, tokens_per_expert, trans_b, out_dtype, backend, config,
+                                               r)
+    return _moe_gemm_wgrad_impl(x, grad_out, tokens_per_expert, trans_b, out, accumulate, out_dtype, backend, config,
+                                r)

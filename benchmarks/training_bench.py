@@ -202,17 +202,19 @@ def profile_step(step_fn, opt, x, target, label):
     print(events.table(sort_by="self_cpu_time_total", row_limit=12, max_name_column_width=60))
 
 
-def compiled_model(gemm, state, mode):
-    """The two-layer model from `state`, its AdamW and its compiled forward."""
+def compiled_model(gemm, state, mode, fused_adamw=False):
+    """The two-layer model from `state`, its AdamW (foreach, torch's default, or fused) and its
+    compiled forward."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[Block(32, 1024, 2048, 4, gemm) for _ in range(2)]).to("cuda", BF16)
     model.load_state_dict(state)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused_adamw)
     return torch.compile(model, fullgraph=True, mode=mode), opt
 
 
-def part_train(steps=50, warmup=10, profile=False):
-    print("\ntraining: 2 MoE layers (32 experts, top-4, hidden 1024, inter 2048), 4096 tokens/step, bf16, AdamW, "
+def part_train(steps=50, warmup=10, profile=False, fused_adamw=False):
+    print("\ntraining: 2 MoE layers (32 experts, top-4, hidden 1024, inter 2048), 4096 tokens/step, bf16, "
+          f"AdamW ({'fused' if fused_adamw else 'foreach'}), "
           f"torch.compile(fullgraph=True), {steps} steps")
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[Block(32, 1024, 2048, 4, ours_gemm) for _ in range(2)]).to("cuda", BF16)
@@ -229,7 +231,7 @@ def part_train(steps=50, warmup=10, profile=False):
     # the GPU's clock and the host's state drift alike for both.
     for mode in ("default", "reduce-overhead"):
         torch._dynamo.reset()
-        runs = {gemm: (*compiled_model(gemm, state, mode), [], []) for gemm in (ours_gemm, torch_gemm)}
+        runs = {gemm: (*compiled_model(gemm, state, mode, fused_adamw), [], []) for gemm in (ours_gemm, torch_gemm)}
         for i in range(steps):
             for gemm in (runs if i % 2 == 0 else reversed(list(runs))):
                 step_fn, opt, losses, times = runs[gemm]
@@ -365,6 +367,8 @@ def main():
     parser.add_argument("--parts", default="wgrad,fwdbwd,train,host")
     parser.add_argument("--wgrad-configs", default=None,
                         help="wgrad: also time the moe family with each of these configs forced (comma-separated)")
+    parser.add_argument("--fused-adamw", action="store_true",
+                        help="train with AdamW(fused=True) instead of torch's default (foreach)")
     parser.add_argument("--profile", action="store_true",
                         help="train: also profile one compiled step of each (default mode)")
     args = parser.parse_args()
@@ -378,7 +382,7 @@ def main():
     if "fwdbwd" in parts:
         part_fwdbwd(cases, counts_by_case)
     if "train" in parts:
-        part_train(profile=args.profile)
+        part_train(profile=args.profile, fused_adamw=args.fused_adamw)
     if "host" in parts:
         part_host()
     if "hostparts" in parts:

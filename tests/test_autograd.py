@@ -246,6 +246,46 @@ def test_compiled_graphs_call_the_launch_ops_cpu():
     torch.testing.assert_close(gw, w2.grad)
 
 
+def _compile_dynamic_token_counts(device, dtype, backend):
+    """An MoE layer sees a new T (routed rows) on every batch: with dynamic shapes one compiled graph
+    serves them all (no recompile after the first call), forward and backward, for moe_gemm,
+    moe_gemm_wgrad and the fused gated op (no gradient: the fused kernel on the GPU)."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+    gen = torch.Generator().manual_seed(8)
+    w = torch.randn(3, 32, 16, generator=gen).to(device, dtype).requires_grad_()
+    w_gated, bias = (torch.randn(3, 32, 16, generator=gen) / 4).to(device, dtype), torch.randn(3, 16).to(device, dtype)
+    calls = {
+        "moe_gemm": lambda x, dy, counts: moe_gemm(x, w, counts).float().pow(2).sum(),
+        "moe_gemm_wgrad": lambda x, dy, counts: moe_gemm_wgrad(x, dy, counts).float().pow(2).sum(),
+        "moe_gemm_gated": lambda x, dy, counts: cutlass_moe.moe_gemm_gated(x, w_gated, counts, bias=bias).float().sum(),
+    }
+    tol = {} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 2e-2}
+    for name, fn in calls.items():
+        torch._dynamo.reset()
+        counter = CompileCounterWithBackend(backend)
+        compiled = torch.compile(fn, fullgraph=True, dynamic=True, backend=counter)
+        frames = None
+        for t in (24, 40, 57):
+            x = torch.randn(t, 32, generator=gen).to(device, dtype).requires_grad_(name != "moe_gemm_gated")
+            dy = torch.randn(t, 16, generator=gen).to(device, dtype)  # no size equal to a T (duck sizing)
+            counts = torch.tensor([t // 3, 0, t - t // 3 - 2], device=device)  # two rows no expert owns
+            with torch.set_grad_enabled(name != "moe_gemm_gated"):
+                loss = compiled(x, dy, counts)
+                want_x = x.detach().requires_grad_(x.requires_grad)
+                want = fn(want_x, dy, counts)
+            frames = frames or counter.frame_count
+            torch.testing.assert_close(loss, want, **tol)
+            if x.requires_grad:
+                loss.backward()
+                want.backward()
+                torch.testing.assert_close(x.grad, want_x.grad, **tol)
+        assert counter.frame_count == frames, (name, counter.frame_count, frames)
+
+
+def test_compile_dynamic_token_counts_cpu():
+    _compile_dynamic_token_counts("cpu", torch.float32, "aot_eager")
+
+
 def test_export_holds_the_registered_op_cpu():
     class Layer(torch.nn.Module):
         def __init__(self):
@@ -490,6 +530,12 @@ def test_compile_fullgraph_gpu_matches_eager():
     for p, g in zip((model.w_gate, model.w_up, model.w_down), grads):
         err = (p.grad.float() - g.float()).norm() / g.float().norm()
         assert err < 2e-2, f"relative error {err:.3e}"
+
+
+@gpu
+@requires_kernels
+def test_compile_dynamic_token_counts_gpu():
+    _compile_dynamic_token_counts("cuda", BF16, "inductor")
 
 
 @gpu

@@ -502,6 +502,33 @@ def _gated_kernel_takes(x: torch.Tensor, gate_up_weight: torch.Tensor, gate_up_b
                               num_tokens=batch * groups)
 
 
+def _gated_projection(x: torch.Tensor, gate_up_weight: torch.Tensor, gate_up_bias: Optional[torch.Tensor],
+                      activation: str) -> torch.Tensor:
+    """act(gate) * up of x (B, G, K), (B, G, H), by the fused gated kernel where
+    _gated_kernel_takes: over x's groups in place where the sm90 kernel takes them as interleaved
+    groups (a new contiguous tensor), else over a group-major copy of x (a (B, G, H) view)."""
+    call = _interleaved_call(x, gate_up_weight, gate_up_bias, gated=True)
+    if call is not None:
+        return _interleaved_linear(x, gate_up_weight, gate_up_bias, activation=activation, gated=True, call=call)
+    batch, groups, k = x.shape
+    rows = x.transpose(0, 1).reshape(groups * batch, k)                 # group-major: one copy of x
+    counts = torch.full((groups,), batch, dtype=torch.int32, device=x.device)
+    a = moe_gemm_gated(rows, gate_up_weight, counts, activation=activation, bias=gate_up_bias)
+    return a.view(groups, batch, -1).transpose(0, 1)
+
+
+def _gated_projection_fake(x, gate_up_weight, gate_up_bias, activation):
+    return x.new_empty(x.shape[0], x.shape[1], gate_up_weight.shape[2] // 2)
+
+
+# What a compiled GroupedMLP calls for its gated projection in inference: _gated_projection at run
+# time (contiguous, as the fake implementation), launch-only (no autograd: only called where no
+# gradient is recorded; torch.export traces _gated_projection itself).
+_grouped_gated_projection = define_launch_op(
+    "grouped_gated_projection", "(Tensor x, Tensor gate_up_weight, Tensor? gate_up_bias, str activation) -> Tensor",
+    lambda x, w, b, activation: _gated_projection(x, w, b, activation).contiguous(), _gated_projection_fake)
+
+
 def grouped_mlp(x: torch.Tensor, gate_up_weight: torch.Tensor, down_weight: torch.Tensor,
                 gate_up_bias: Optional[torch.Tensor] = None, down_bias: Optional[torch.Tensor] = None,
                 activation: str = "silu", *, fused: bool = True) -> torch.Tensor:
@@ -519,21 +546,16 @@ def grouped_mlp(x: torch.Tensor, gate_up_weight: torch.Tensor, down_weight: torc
         raise ValueError(f"down_weight: expected (G, H, N) with H = {gate_up_weight.shape[2] // 2} (half of "
                          f"gate_up_weight's {gate_up_weight.shape[2]} columns), got {tuple(down_weight.shape)}")
     x = _check_grouped_linear(x, gate_up_weight, gate_up_bias, None)   # (B, G, K)
-    batch, groups, k = x.shape
     # The fused kernel only in inference: where a gradient is recorded, moe_gemm_gated would run its
     # composite path (a plain GEMM kept for the backward) over the group-major copy of x, and its
     # backward our MoE dgrad and wgrad; cuBLAS's strided batched GEMMs on x in place are faster in
     # training at PR #263's shape (benchmarks/NOTES.md, "GroupedMLP in training").
     if (fused and not _records_graph(x, gate_up_weight, gate_up_bias)
             and _gated_kernel_takes(x, gate_up_weight, gate_up_bias, activation)):
-        call = _interleaved_call(x, gate_up_weight, gate_up_bias, gated=True)
-        if call is not None:                                            # x's groups in place: (B, G, H)
-            a = _interleaved_linear(x, gate_up_weight, gate_up_bias, activation=activation, gated=True, call=call)
-        else:
-            rows = x.transpose(0, 1).reshape(groups * batch, k)         # group-major: one copy of x
-            counts = torch.full((groups,), batch, dtype=torch.int32, device=x.device)
-            a = moe_gemm_gated(rows, gate_up_weight, counts, activation=activation, bias=gate_up_bias)
-            a = a.view(groups, batch, -1).transpose(0, 1)               # (B, G, H), a view
+        # Under torch.compile through an op, which decides at run time (pointers, strides) whether
+        # x's groups are read in place; traced, _interleaved_call never takes them.
+        projection = _grouped_gated_projection if _compiled() else _gated_projection
+        a = projection(x, gate_up_weight, gate_up_bias, activation)     # (B, G, H)
     else:
         a = gated_activation(grouped_linear(x, gate_up_weight, gate_up_bias), activation)  # (B, G, H)
     return grouped_linear(a, down_weight, down_bias)                    # (B, G, N)

@@ -9,7 +9,8 @@ import cutlass_moe
 from cutlass_moe import moe_gemm, moe_gemm_wgrad
 from cutlass_moe.reference import assert_close_per_expert, expert_row_ranges, moe_gemm_reference
 
-from conftest import DTYPE_NAMES, HAS_CUDA, backend_param, graph_recorder, random_counts, requires_kernels, runs_here, wgrad_backend_param
+from conftest import (DTYPE_NAMES, HAS_CUDA, backend_param, graph_recorder, random_counts, requires_kernels,
+                      runs_here, wgrad_backend_param)
 
 BF16 = torch.bfloat16
 

@@ -354,8 +354,9 @@ def grouped_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.T
     first, as ``nn.Linear``'s are (not with ``out``).
 
     Autograd: differentiable in x, weight and bias (``torch.ops.cutlass_moe.grouped_linear`` under
-    torch.export; compiled graphs call its launch-only twin ``grouped_linear_launch``): ``dx[b, g] = dy[b, g] @ weight[g]^T`` (this function with the weight's
-    transposed view), ``dweight[g] = x[:, g]^T @ dy[:, g]`` (one bmm, in the weight's layout) and
+    torch.export; compiled graphs call its launch-only twin ``grouped_linear_launch``):
+    ``dx[b, g] = dy[b, g] @ weight[g]^T`` (this function with the weight's transposed view),
+    ``dweight[g] = x[:, g]^T @ dy[:, g]`` (one bmm, in the weight's layout) and
     ``dbias[g] = sum_b dy[b, g]``.
 
     Raises:

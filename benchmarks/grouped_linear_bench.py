@@ -14,6 +14,8 @@ groups, D_in = 1024, D_out = 3072, bf16; x (B, G, D_in), one weight (D_in, D_out
                            the gate/up GEMM and the activation are moe_gemm_gated's one kernel)
             GroupedMLP[unfused]  the same with fused=False (one gate/up bmm, torch elementwise ops)
           Target: GroupedMLP/bmm MLP > 1.0.
+  compiled  the mlp part's GroupedMLP and bmm MLP (no bias), each under torch.compile(fullgraph=True),
+          forward (no grad) and forward + backward (not in the default parts).
 
 Every provider's output and gradients are checked against a float32 loop over groups (worst
 group's relative error) before timing. Times: bench._do_bench medians (triton.testing.do_bench when
@@ -49,7 +51,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument("--mlp-out", type=int, default=1024, help="the MLP's output width")
     parser.add_argument("--bias", action=argparse.BooleanOptionalAction, default=True,
                         help="the linear layer's per-group bias (the MLP has none)")
-    parser.add_argument("--parts", default="linear,mlp", help="comma-separated: linear, mlp")
+    parser.add_argument("--parts", default="linear,mlp", help="comma-separated: linear, mlp, compiled")
     parser.add_argument("--warmup-ms", type=float, default=25.0)
     parser.add_argument("--rep-ms", type=float, default=100.0)
     return parser.parse_args(argv)
@@ -212,12 +214,50 @@ def bench_mlp(args, dtype) -> None:
             both["bmm MLP"], 1.0, strict=True)
 
 
+def bench_compiled(args, dtype) -> None:
+    """The mlp part's GroupedMLP and bmm MLP, each under torch.compile(fullgraph=True): forward under
+    torch.no_grad() (GroupedMLP's gated projection through cutlass_moe::grouped_gated_projection) and
+    forward + backward."""
+    from cutlass_moe import bench
+    from cutlass_moe.grouped_linear import GroupedMLP
+    b, g, k, hidden, n = args.batch, args.groups, args.d_in, args.hidden, args.mlp_out
+    gen = torch.Generator(device=DEVICE).manual_seed(1)
+    x = torch.randn(b, g, k, device=DEVICE, dtype=dtype, generator=gen).requires_grad_()
+    gate, up = ((torch.randn(g, k, hidden, device=DEVICE, dtype=dtype, generator=gen) * k ** -0.5).requires_grad_()
+                for _ in range(2))
+    down = (torch.randn(g, hidden, n, device=DEVICE, dtype=dtype, generator=gen) * hidden ** -0.5).requires_grad_()
+    dy = torch.randn(b, g, n, device=DEVICE, dtype=dtype, generator=gen)
+    mlp = GroupedMLP.from_gate_up(gate.detach(), up.detach(), down.detach())
+
+    def bmm_mlp(x, gate, up, down):
+        xt = x.transpose(0, 1)
+        return torch.bmm(F.silu(torch.bmm(xt, gate)) * torch.bmm(xt, up), down).transpose(0, 1)
+
+    compiled_bmm, compiled_mlp = torch.compile(bmm_mlp, fullgraph=True), torch.compile(mlp, fullgraph=True)
+    providers = {"bmm MLP (compiled)": (lambda: compiled_bmm(x, gate, up, down), [x, gate, up, down]),
+                 "GroupedMLP (compiled)": (lambda: compiled_mlp(x), [x, *mlp.parameters()])}
+    with torch.no_grad():
+        want = bmm_mlp(*(t.float() for t in (x, gate, up, down)))
+        errors = {name: f"y {worst_group_rel(fn(), want, 1):.1e} (forward only)"
+                  for name, (fn, _) in providers.items()}
+        fwd = bench.median_of_rounds({name: fn for name, (fn, _) in providers.items()}, args.rounds,
+                                     args.warmup_ms, args.rep_ms)
+    both = bench.median_of_rounds({name: fwd_bwd(fn, dy, leaves) for name, (fn, leaves) in providers.items()},
+                                  args.rounds, args.warmup_ms, args.rep_ms)
+    print_table(f"compiled mlp: B={b} G={g} D_in={k} hidden={hidden} out={n} {args.dtype} silu, no bias", fwd,
+                both, errors)
+    speedup("GroupedMLP vs bmm MLP, both compiled, forward", fwd["GroupedMLP (compiled)"],
+            fwd["bmm MLP (compiled)"], 1.0, strict=True)
+    speedup("GroupedMLP vs bmm MLP, both compiled, forward + backward", both["GroupedMLP (compiled)"],
+            both["bmm MLP (compiled)"], 1.0, strict=True)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
-    unknown = sorted(set(parts) - {"linear", "mlp"})
+    unknown = sorted(set(parts) - {"linear", "mlp", "compiled"})
     if unknown:
-        print(f"--parts: unknown {unknown}; expected linear, mlp", file=sys.stderr)
+        print(f"--parts: unknown {unknown}; expected linear, mlp, compiled", file=sys.stderr)
         return 2
     if not torch.cuda.is_available():
         print("grouped_linear_bench: no CUDA GPU here; run it on the GPU machine", file=sys.stderr)
@@ -235,6 +275,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         torch.cuda.empty_cache()
     if "mlp" in parts:
         bench_mlp(args, dtype)
+        torch.cuda.empty_cache()
+    if "compiled" in parts:
+        bench_compiled(args, dtype)
     return 0
 
 

@@ -463,6 +463,31 @@ def test_gpu_fused_op_opcheck_and_compile():
 
 
 @gpu
+def test_gpu_gated_activation_ops_under_compile():
+    # Under torch.compile the gated activation's kernels run through launch-only ops, forward and
+    # backward, with the eager kernels' bits. y sits 4 bytes off the kernels' 8-byte alignment: the
+    # ops copy it first (a traced call cannot see the address).
+    from cutlass_moe.fused import _GatedActivation, gated_activation_of
+    gen = torch.Generator(device="cuda").manual_seed(16)
+    y = torch.randn(300 * 272 + 2, device="cuda", generator=gen).to(torch.bfloat16)[2:].view(300, 272)
+    grad = torch.randn(300, 136, device="cuda", generator=gen).to(torch.bfloat16)
+    torch.library.opcheck(torch.ops.cutlass_moe.gated_activation_launch.default, (y, "silu", 1.702, 7.0))
+    torch.library.opcheck(torch.ops.cutlass_moe.gated_activation_backward_launch.default,
+                          (y, grad, "silu", 1.702, 7.0))
+    aligned = y.detach().clone().requires_grad_()
+    want = _GatedActivation.apply(aligned, "silu", 1.702, 7.0)
+    want.backward(grad)
+    torch._dynamo.reset()
+    backend, targets = graph_recorder()
+    yc = y.detach().requires_grad_()
+    got = torch.compile(lambda t: gated_activation_of(t, "silu"), fullgraph=True, backend=backend)(yc)
+    got.backward(grad)
+    assert targets == {"forward": [["cutlass_moe.gated_activation_launch.default"]],
+                       "backward": [["cutlass_moe.gated_activation_backward_launch.default"]]}, targets
+    assert torch.equal(got, want) and torch.equal(yc.grad, aligned.grad)
+
+
+@gpu
 @pytest.mark.parametrize("activation", GATED)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_gpu_gated_activation_kernels_match_torch(dtype, activation):

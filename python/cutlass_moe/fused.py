@@ -107,12 +107,45 @@ class _ExpertBias(torch.autograd.Function):
         return sums.to(ctx.bias_dtype), None, None, None
 
 
+def _gated_kernel_shape(y: torch.Tensor) -> bool:
+    """What the core's gated_activation kernels need of y (rows, 2I) that is known while tracing: an
+    fp16/bf16 CUDA tensor whose pairs fill 16-byte vectors."""
+    return y.is_cuda and y.dtype in _DTYPES and y.dim() == 2 and y.shape[1] % 8 == 0
+
+
 def _gated_kernel_applies(y: torch.Tensor) -> bool:
-    """Whether the core's gated_activation kernels take y (rows, 2I): an fp16/bf16 CUDA tensor in
-    16-byte rows of 8-byte aligned vectors, outside torch.compile (which fuses the torch form)."""
-    # is_compiling first: Dynamo cannot trace data_ptr() (on a CUDA tensor it broke the graph).
-    return (not torch.compiler.is_compiling() and y.is_cuda and y.dtype in _DTYPES and y.dim() == 2
-            and y.shape[1] % 8 == 0 and y.stride(1) == 1 and y.stride(0) % 4 == 0 and y.data_ptr() % 8 == 0)
+    """Whether the kernels take y as it is: _gated_kernel_shape, and 16-byte rows of 8-byte aligned
+    vectors. Outside torch.compile only (Dynamo cannot trace data_ptr(); see _CompiledGatedActivation)."""
+    return (not torch.compiler.is_compiling() and _gated_kernel_shape(y) and y.stride(1) == 1
+            and y.stride(0) % 4 == 0 and y.data_ptr() % 8 == 0)
+
+
+def _gated_activation_forward(y, activation, alpha, limit) -> torch.Tensor:
+    """(rows, I) = act(gate) * up over y's (rows, 2I) pairs by the core's kernel (y copied first
+    where its strides or address do not suit it)."""
+    if not _gated_kernel_applies(y):
+        y = y.clone(memory_format=torch.contiguous_format)  # a new allocation: aligned
+    rows, cols = y.shape[0], y.shape[1] // 2
+    out = y.new_empty(rows, cols)
+    device = y.device.index
+    _on_device(device, _C.gated_activation, _DTYPES[y.dtype], _ACTIVATION_IDS[activation], alpha, limit, rows, cols,
+               y.data_ptr(), y.stride(0), out.data_ptr(), cols, _stream(device))
+    return out
+
+
+def _gated_activation_backward(y, grad, activation, alpha, limit) -> torch.Tensor:
+    """The (rows, 2I) interleaved gradient of _gated_activation_forward from grad (rows, I)."""
+    if not _gated_kernel_applies(y):
+        y = y.clone(memory_format=torch.contiguous_format)
+    if grad.stride(1) != 1 or grad.stride(0) % 4 or grad.data_ptr() % 8:
+        grad = grad.clone(memory_format=torch.contiguous_format)
+    rows, cols = y.shape[0], y.shape[1] // 2
+    grad_y = torch.empty(rows, 2 * cols, dtype=y.dtype, device=y.device)
+    device = y.device.index
+    _on_device(device, _C.gated_activation_backward, _DTYPES[y.dtype], _ACTIVATION_IDS[activation], alpha, limit,
+               rows, cols, y.data_ptr(), y.stride(0), grad.data_ptr(), grad.stride(0) if rows > 1 else cols,
+               grad_y.data_ptr(), 2 * cols, _stream(device))
+    return grad_y
 
 
 class _GatedActivation(torch.autograd.Function):
@@ -123,33 +156,54 @@ class _GatedActivation(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, y, activation, alpha, limit):
-        rows, cols = y.shape[0], y.shape[1] // 2
-        out = y.new_empty(rows, cols)
         ctx.save_for_backward(y)
-        ctx.args = (_DTYPES[y.dtype], _ACTIVATION_IDS[activation], alpha, limit)
-        device = y.device.index
-        _on_device(device, _C.gated_activation, *ctx.args, rows, cols, y.data_ptr(), y.stride(0), out.data_ptr(),
-                   cols, _stream(device))
-        return out
+        ctx.args = (activation, alpha, limit)
+        return _gated_activation_forward(y, activation, alpha, limit)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad):
         (y,) = ctx.saved_tensors
-        rows, cols = y.shape[0], y.shape[1] // 2
-        if grad.stride(1) != 1 or grad.stride(0) % 4 or grad.data_ptr() % 8:
-            grad = grad.contiguous()
-        grad_y = torch.empty(rows, 2 * cols, dtype=y.dtype, device=y.device)
-        device = y.device.index
-        _on_device(device, _C.gated_activation_backward, *ctx.args, rows, cols, y.data_ptr(), y.stride(0),
-                   grad.data_ptr(), grad.stride(0) if rows > 1 else cols, grad_y.data_ptr(), 2 * cols, _stream(device))
-        return grad_y, None, None, None
+        return _gated_activation_backward(y, grad, *ctx.args), None, None, None
+
+
+# The kernels as ops for compiled graphs (launch-only: _CompiledGatedActivation is their autograd).
+_gated_activation_launch = define_launch_op(
+    "gated_activation_launch", "(Tensor y, str activation, float alpha, float limit) -> Tensor",
+    _gated_activation_forward, lambda y, activation, alpha, limit: y.new_empty(y.shape[0], y.shape[1] // 2),
+    keys=("CUDA",))
+_gated_activation_backward_launch = define_launch_op(
+    "gated_activation_backward_launch", "(Tensor y, Tensor grad, str activation, float alpha, float limit) -> Tensor",
+    _gated_activation_backward, lambda y, grad, activation, alpha, limit: y.new_empty(y.shape[0], y.shape[1]),
+    keys=("CUDA",))
+
+
+class _CompiledGatedActivation(torch.autograd.Function):
+    """_GatedActivation as torch.compile traces it: the same kernels through launch-only ops, which
+    take y's strides and address at run time. Inductor's fusion of the torch form kept a float32 copy
+    of y for the backward (two more passes over 2x y's bytes: compiled GroupedMLP training 0.89x the
+    compiled bmm MLP, benchmarks/NOTES.md)."""
+
+    @staticmethod
+    def forward(ctx, y, activation, alpha, limit):
+        ctx.save_for_backward(y)
+        ctx.args = (activation, alpha, limit)
+        return _gated_activation_launch(y, activation, alpha, limit)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (y,) = ctx.saved_tensors
+        return _gated_activation_backward_launch(y, grad, *ctx.args), None, None, None
 
 
 def gated_activation_of(y: torch.Tensor, activation: str, alpha: float = 1.702, limit: float = 7.0) -> torch.Tensor:
     """``gated_activation`` over y's (..., 2I) interleaved pairs, differentiable: the core's
-    kernels where they take y (as rows x 2I), else torch operations in fp32; rounded once to y's dtype."""
+    kernels where they take y (as rows x 2I; under torch.compile through launch-only ops), else
+    torch operations in fp32; rounded once to y's dtype."""
     flat = y.reshape(-1, y.shape[-1]) if y.dim() != 2 else y
+    if _compiled() and _gated_kernel_shape(flat):
+        out = _CompiledGatedActivation.apply(flat, activation, alpha, limit)
+        return out.view(*y.shape[:-1], y.shape[-1] // 2)
     if _gated_kernel_applies(flat):
         return _GatedActivation.apply(flat, activation, alpha, limit).view(*y.shape[:-1], y.shape[-1] // 2)
     compute = torch.float64 if y.dtype == torch.float64 else torch.float32

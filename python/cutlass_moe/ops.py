@@ -654,11 +654,11 @@ def _moe_gemm_wgrad_fake(x, grad_out, tokens_per_expert, trans_b, out_dtype, bac
 _LAUNCH_LIB = torch.library.Library("cutlass_moe", "FRAGMENT")
 
 
-def define_launch_op(name: str, schema: str, impl, fake):
-    """cutlass_moe::<name><schema> with `impl` on the CPU and CUDA and `fake` for tracing; returns
-    its overload, torch.ops.cutlass_moe.<name>.default."""
+def define_launch_op(name: str, schema: str, impl, fake, keys=("CPU", "CUDA")):
+    """cutlass_moe::<name><schema> with `impl` for the dispatch `keys` and `fake` for tracing;
+    returns its overload, torch.ops.cutlass_moe.<name>.default."""
     _LAUNCH_LIB.define(name + schema)
-    for key in ("CPU", "CUDA"):
+    for key in keys:
         _LAUNCH_LIB.impl(name, impl, key)
     torch.library.register_fake(f"cutlass_moe::{name}", fake, lib=_LAUNCH_LIB)
     return getattr(torch.ops.cutlass_moe, name).default

@@ -18,6 +18,7 @@ Tables:
     torch/ours     the same two MLPs with gradients (bar: > 1 on every shape)
 
 To run on the GPU machine (after the build): python3 benchmarks/mlp_bench.py [--rounds 3] [--no-train]
+[--compiled]
 """
 import argparse
 import math
@@ -65,13 +66,17 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--no-train", action="store_true")
+    parser.add_argument("--compiled", action="store_true",
+                        help="run the fused MLP and the torch._grouped_mm MLP under torch.compile(fullgraph=True) "
+                             "(the torch/fused and training tables; the per-op ratios stay eager)")
     parser.add_argument("--only", default=None, help="comma-separated shape names")
     parser.add_argument("--profile", action="store_true",
                         help="also print the top GPU kernels of one training step of each MLP (torch.profiler)")
     parser.add_argument("--fused-config", default=None,
                         help="also time the two fused ops with this config forced (e.g. sm90_pingpong_64x256x64_1x1x1)")
     args = parser.parse_args()
-    print(f"mlp_bench on {torch.cuda.get_device_name()}, torch {torch.__version__}, bf16, rounds {args.rounds}")
+    print(f"mlp_bench on {torch.cuda.get_device_name()}, torch {torch.__version__}, bf16, rounds {args.rounds}"
+          + (", the two MLPs compiled" if args.compiled else ""))
     head = (f"{'shape':<22} {'plain gu':>9} {'gated':>8} {'g/p':>6} {'plain dn':>9} {'down+':>8} {'d/p':>6} "
             f"{'unfused':>8} {'fused':>8} {'unf/f':>6} {'torch':>8} {'t/f':>6}")
     rows, train_rows = [], []
@@ -125,6 +130,9 @@ def main():
             if b_down is not None:
                 o = o + expert_rows(b_down).float()
             return (o * probs[:, None]).to(torch.bfloat16)
+
+        if args.compiled:  # Inductor fuses each MLP's elementwise work; ours calls launch-only ops
+            fused_mlp, torch_mlp = (torch.compile(fn, fullgraph=True) for fn in (fused_mlp, torch_mlp))
 
         with torch.no_grad():
             h_plain = cutlass_moe.moe_gemm(x, w_gu, counts)

@@ -465,12 +465,13 @@ def test_gpu_fused_op_opcheck_and_compile():
 @gpu
 def test_gpu_gated_activation_ops_under_compile():
     # Under torch.compile the gated activation's kernels run through launch-only ops, forward and
-    # backward, with the eager kernels' bits. y sits 4 bytes off the kernels' 8-byte alignment: the
-    # ops copy it first (a traced call cannot see the address).
+    # backward, with the eager kernels' bits. y and the incoming gradient sit 4 bytes off the kernels'
+    # 8-byte alignment: they are copied first (a traced call cannot see the address; the eager
+    # backward takes any gradient autograd hands it).
     from cutlass_moe.fused import _GatedActivation, gated_activation_of
     gen = torch.Generator(device="cuda").manual_seed(16)
     y = torch.randn(300 * 272 + 2, device="cuda", generator=gen).to(torch.bfloat16)[2:].view(300, 272)
-    grad = torch.randn(300, 136, device="cuda", generator=gen).to(torch.bfloat16)
+    grad = torch.randn(300 * 136 + 2, device="cuda", generator=gen).to(torch.bfloat16)[2:].view(300, 136)
     torch.library.opcheck(torch.ops.cutlass_moe.gated_activation_launch.default, (y, "silu", 1.702, 7.0))
     torch.library.opcheck(torch.ops.cutlass_moe.gated_activation_backward_launch.default,
                           (y, grad, "silu", 1.702, 7.0))

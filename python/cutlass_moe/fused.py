@@ -8,9 +8,10 @@ Where they run:
     torch.compile through ``torch.ops.cutlass_moe.moe_gemm_fused_launch`` (the launch-only twin of the
     custom op ``torch.ops.cutlass_moe.moe_gemm_fused``, which torch.export records);
   - otherwise (a gradient is recorded, the CPU, another family) as the composite: the plain GEMM
-    through :func:`moe_gemm` (differentiable; its registered op under torch.compile), then the
-    epilogue as torch operations (``_apply_epilogue``). Its backward keeps the GEMM's output (the
-    pre-activation) rather than recomputing the GEMM. The bias gradient, each expert's sum of its
+    through :func:`moe_gemm` (differentiable; its launch-only ops under torch.compile), then the
+    epilogue as torch operations (``_apply_epilogue``; a gated activation of the GEMM's own output
+    is the core's gated_activation kernels, under torch.compile as launch-only ops). Its backward
+    keeps the GEMM's output (the pre-activation) rather than recomputing the GEMM. The bias gradient, each expert's sum of its
     rows of the gradient, runs through the wgrad kernel against a column of ones: no atomics, the
     same bits on every run.
 """

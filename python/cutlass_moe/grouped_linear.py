@@ -48,8 +48,8 @@ interleaved groups, else over x's rows copied group-major once (a (G * B, K) cop
 :func:`grouped_linear`. Elsewhere (the CPU, ``fused=False``) and wherever a gradient is recorded
 (there the batched GEMMs on x in place are faster than the fused op's composite path), it is
 :func:`grouped_linear`, then
-:func:`gated_activation` (in float32, rounded once: on the GPU one kernel each way, elsewhere torch
-operations, which Inductor fuses under torch.compile).
+:func:`gated_activation` (in float32, rounded once: on the GPU one kernel each way, under
+torch.compile too, elsewhere torch operations).
 """
 from __future__ import annotations
 
@@ -408,9 +408,9 @@ def gated_activation(h: torch.Tensor, activation: str = "silu") -> torch.Tensor:
         activation: ``"silu"``, ``"gelu"`` (erf), ``"gelu_tanh"`` or ``"relu"``.
 
     Returns:
-        (..., H) of h's dtype. Differentiable in h. On the GPU (fp16/bf16, eager) one kernel each
-        way (``cutlass_moe.fused.gated_activation_of``); elsewhere torch operations, which Inductor
-        fuses under torch.compile.
+        (..., H) of h's dtype. Differentiable in h. On the GPU (fp16/bf16) one kernel each way
+        (``cutlass_moe.fused.gated_activation_of``; launch-only ops under torch.compile);
+        elsewhere torch operations.
     """
     _check_activation(activation)
     if not isinstance(h, torch.Tensor):

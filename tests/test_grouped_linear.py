@@ -417,6 +417,29 @@ def test_compile_grouped_mlp_fullgraph(form):
         torch.testing.assert_close(got, want)
 
 
+def test_compile_grouped_mlp_dynamic_batch():
+    # A new batch size per call: one compiled graph (dynamic shapes) serves them all, forward and
+    # backward, with eager's results.
+    from torch._dynamo.testing import CompileCounterWithBackend
+    torch._dynamo.reset()
+    mlp = GroupedMLP(3, 16, 24, 8, bias=True)
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(mlp, fullgraph=True, dynamic=True, backend=counter)
+    gen = torch.Generator().manual_seed(13)
+    frames = None
+    for batch in (5, 7, 11):
+        x = torch.randn(batch, 3, 16, generator=gen)
+        xc, xe = x.clone().requires_grad_(), x.clone().requires_grad_()
+        y = compiled(xc)
+        y.sum().backward()
+        frames = frames or counter.frame_count
+        ye = mlp(xe)
+        ye.sum().backward()
+        torch.testing.assert_close(y, ye)
+        torch.testing.assert_close(xc.grad, xe.grad)
+    assert counter.frame_count == frames, (counter.frame_count, frames)
+
+
 # ---- CUDA: runs on the GPU machine -------------------------------------------------------------------
 
 @requires_cuda

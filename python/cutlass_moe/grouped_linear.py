@@ -285,8 +285,7 @@ def _grouped_linear_grads(ctx, grad, path: str):
     if ctx.needs_input_grad[0]:
         # dgrad: dx[b, g] = dy[b, g] @ W[g]^T, this op with the weight's transposed view (no copy).
         weight_t = weight.transpose(1, 2)
-        grad_x = (grouped_linear(grad, weight_t) if path == "eager"
-                  else (_grouped_linear_op if path == "op" else _grouped_linear_launch)(grad, weight_t, None))
+        grad_x = _DGRAD_CALLS[path](grad, weight_t, None)
     if ctx.needs_input_grad[1]:
         grad_weight = _weight_grad(x, grad, ctx.weight_strides)
     if ctx.needs_input_grad[2]:
@@ -298,6 +297,11 @@ _grouped_linear_op.register_autograd(lambda ctx, grad: _grouped_linear_grads(ctx
                                      setup_context=_grouped_linear_setup_context)
 _grouped_linear_launch = define_launch_op("grouped_linear_launch", "(Tensor x, Tensor weight, Tensor? bias) -> Tensor",
                                           _grouped_linear_impl, _grouped_linear_fake)
+
+
+# The dgrad of each path (_grouped_linear_grads): the registered op, its launch-only twin, the public function.
+_DGRAD_CALLS = {"op": _grouped_linear_op, "launch": _grouped_linear_launch,
+                "eager": lambda x, weight, bias: grouped_linear(x, weight, bias)}
 
 
 class _CompiledGroupedLinear(torch.autograd.Function):

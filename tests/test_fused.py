@@ -476,7 +476,7 @@ def test_gpu_gated_activation_ops_under_compile():
     torch.library.opcheck(torch.ops.cutlass_moe.gated_activation_backward_launch.default,
                           (y, grad, "silu", 1.702, 7.0))
     aligned = y.detach().clone().requires_grad_()
-    want = _GatedActivation.apply(aligned, "silu", 1.702, 7.0)
+    want = _GatedActivation.apply(aligned, "silu", 1.702, 7.0, False)
     want.backward(grad)
     torch._dynamo.reset()
     backend, targets = graph_recorder()
@@ -502,7 +502,7 @@ def test_gpu_gated_activation_kernels_match_torch(dtype, activation):
     assert _gated_kernel_applies(y)
     grad = torch.randn(333, 136, device="cuda", generator=gen).to(dtype)
     yk, yt = y.detach().clone().requires_grad_(), y.detach().float().requires_grad_()
-    got = _GatedActivation.apply(y.requires_grad_(), activation or "none", 1.702, 3.0)
+    got = _GatedActivation.apply(y.requires_grad_(), activation or "none", 1.702, 3.0, False)
     want = gated_activation(yt[:, 0::2], yt[:, 1::2], activation, 1.702, 3.0)
     rel = lambda a, b: float((a.float() - b).norm() / b.norm().clamp_min(1e-30))
     assert rel(got, want) < 1e-2

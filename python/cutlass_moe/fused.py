@@ -116,7 +116,8 @@ def _gated_kernel_shape(y: torch.Tensor) -> bool:
 
 def _gated_kernel_applies(y: torch.Tensor) -> bool:
     """Whether the kernels take y as it is: _gated_kernel_shape, and 16-byte rows of 8-byte aligned
-    vectors. Outside torch.compile only (Dynamo cannot trace data_ptr(); see _CompiledGatedActivation)."""
+    vectors. Outside torch.compile only (Dynamo cannot trace data_ptr(): there _GatedActivation
+    runs through launch-only ops that check at run time)."""
     return (not torch.compiler.is_compiling() and _gated_kernel_shape(y) and y.stride(1) == 1
             and y.stride(0) % 4 == 0 and y.data_ptr() % 8 == 0)
 
@@ -149,26 +150,7 @@ def _gated_activation_backward(y, grad, activation, alpha, limit) -> torch.Tenso
     return grad_y
 
 
-class _GatedActivation(torch.autograd.Function):
-    """``act(gate) * up`` over y's interleaved (gate, up) column pairs, by the core's
-    gated_activation kernels: one pass forward, one backward writing the interleaved gradient. The
-    same as the torch form (fp32 math, rounded once), whose backward costs several passes and a
-    stack of the two halves' gradients (benchmarks/NOTES.md). Keeps y for the backward."""
-
-    @staticmethod
-    def forward(ctx, y, activation, alpha, limit):
-        ctx.save_for_backward(y)
-        ctx.args = (activation, alpha, limit)
-        return _gated_activation_forward(y, activation, alpha, limit)
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad):
-        (y,) = ctx.saved_tensors
-        return _gated_activation_backward(y, grad, *ctx.args), None, None, None
-
-
-# The kernels as ops for compiled graphs (launch-only: _CompiledGatedActivation is their autograd).
+# The kernels as ops for compiled graphs (launch-only: _GatedActivation is their autograd).
 _gated_activation_launch = define_launch_op(
     "gated_activation_launch", "(Tensor y, str activation, float alpha, float limit) -> Tensor",
     _gated_activation_forward, lambda y, activation, alpha, limit: y.new_empty(y.shape[0], y.shape[1] // 2),
@@ -179,22 +161,28 @@ _gated_activation_backward_launch = define_launch_op(
     keys=("CUDA",))
 
 
-class _CompiledGatedActivation(torch.autograd.Function):
-    """_GatedActivation as torch.compile traces it: the same kernels through launch-only ops, which
-    take y's strides and address at run time. Inductor's fusion of the torch form kept a float32 copy
-    of y for the backward (two more passes over 2x y's bytes: compiled GroupedMLP training 0.89x the
-    compiled bmm MLP, benchmarks/NOTES.md)."""
+class _GatedActivation(torch.autograd.Function):
+    """``act(gate) * up`` over y's interleaved (gate, up) column pairs, by the core's
+    gated_activation kernels: one pass forward, one backward writing the interleaved gradient. The
+    same as the torch form (fp32 math, rounded once), whose backward costs several passes and a
+    stack of the two halves' gradients (benchmarks/NOTES.md). Keeps y for the backward.
+
+    compiled: through the launch-only ops, as torch.compile traces it (they take y's strides and
+    address at run time). Inductor's fusion of the torch form kept a float32 copy of y for the
+    backward: compiled GroupedMLP training ran at 0.89x the compiled bmm MLP (benchmarks/NOTES.md)."""
 
     @staticmethod
-    def forward(ctx, y, activation, alpha, limit):
+    def forward(ctx, y, activation, alpha, limit, compiled):
         ctx.save_for_backward(y)
-        ctx.args = (activation, alpha, limit)
-        return _gated_activation_launch(y, activation, alpha, limit)
+        ctx.args, ctx.compiled = (activation, alpha, limit), compiled
+        return (_gated_activation_launch if compiled else _gated_activation_forward)(y, activation, alpha, limit)
 
     @staticmethod
+    @torch.autograd.function.once_differentiable
     def backward(ctx, grad):
         (y,) = ctx.saved_tensors
-        return _gated_activation_backward_launch(y, grad, *ctx.args), None, None, None
+        backward = _gated_activation_backward_launch if ctx.compiled else _gated_activation_backward
+        return backward(y, grad, *ctx.args), None, None, None, None
 
 
 def gated_activation_of(y: torch.Tensor, activation: str, alpha: float = 1.702, limit: float = 7.0) -> torch.Tensor:
@@ -202,11 +190,10 @@ def gated_activation_of(y: torch.Tensor, activation: str, alpha: float = 1.702, 
     kernels where they take y (as rows x 2I; under torch.compile through launch-only ops), else
     torch operations in fp32; rounded once to y's dtype."""
     flat = y.reshape(-1, y.shape[-1]) if y.dim() != 2 else y
-    if _compiled() and _gated_kernel_shape(flat):
-        out = _CompiledGatedActivation.apply(flat, activation, alpha, limit)
+    compiled = _compiled() and _gated_kernel_shape(flat)
+    if compiled or _gated_kernel_applies(flat):
+        out = _GatedActivation.apply(flat, activation, alpha, limit, compiled)
         return out.view(*y.shape[:-1], y.shape[-1] // 2)
-    if _gated_kernel_applies(flat):
-        return _GatedActivation.apply(flat, activation, alpha, limit).view(*y.shape[:-1], y.shape[-1] // 2)
     compute = torch.float64 if y.dtype == torch.float64 else torch.float32
     # unbind, not two strided slices: its backward is one stack, not two zero-filled copies.
     gate, up = y.to(compute).unflatten(-1, (-1, 2)).unbind(-1)

@@ -610,9 +610,8 @@ def _moe_gemm_wgrad_impl(x, grad_out, tokens_per_expert, trans_b, out, accumulat
         else:
             out.copy_(ref)
         return out
-    r = (resolved or _check_wgrad_call(x, grad_out, tokens_per_expert, trans_b, out, accumulate, out_dtype, backend,
-                                       config)
-         or _WgradResolved(x, grad_out, tokens_per_expert, trans_b, out, accumulate, out_dtype, backend, config))
+    r = resolved or _check_wgrad_call(x, grad_out, tokens_per_expert, trans_b, out, accumulate, out_dtype, backend,
+                                      config)
     counts = tokens_per_expert
     if r.host_counts:
         _check_host_counts(counts, x.shape[0])

@@ -239,6 +239,7 @@ const char* config_name(KernelConfig config) {
     case KernelConfig::kSm80_64x128x32_32x64_s4: return "sm80_64x128x32_32x64_s4";
     case KernelConfig::kSm80_128x128x32_64x64_s4: return "sm80_128x128x32_64x64_s4";
     case KernelConfig::kSm90Cooperative_128x256x64_1x1x1: return "sm90_cooperative_128x256x64_1x1x1";
+    case KernelConfig::kSm90CooperativeWide_64x512x32_1x1x1: return "sm90_cooperative_wide_64x512x32_1x1x1";
   }
   return "unknown";
 }

@@ -254,7 +254,8 @@ def test_heuristic_picks_small_m_tiles_unless_experts_have_thousands_of_rows(t, 
 
 # The rule fitted on benchmarks/sweep_h200.json (heuristics.cpp): the cooperative tile from 768 rows
 # per expert (bf16, K >= 256: it defers its stores), from 256 with 32 or more experts whose weights
-# hold 8M elements or more, and below with deep K among many experts.
+# hold 8M elements or more, and below with deep K among many experts, where the wide tile takes
+# its place below 256 rows if N is a multiple of its 512 columns.
 @pytest.mark.parametrize("t,e,n,k,expect", [
     (1024, 256, 4096, 7168, "sm90_pingpong_64x256x64_1x1x1"),       # dsv3-decode
     (24576, 128, 1024, 1024, "sm90_pingpong_64x256x64_1x1x1"),      # seed000-g128: 192 rows/expert
@@ -265,8 +266,10 @@ def test_heuristic_picks_small_m_tiles_unless_experts_have_thousands_of_rows(t, 
     (4096, 16, 16384, 5120, "sm90_pingpong_64x256x64_1x1x1"),       # seed001-llama4: 16 experts, 256 rows
     (24576, 8, 1024, 1024, "sm90_cooperative_128x256x64_1x1x1"),    # seed000-g8: 3072 rows/expert, K = 1024
     (30720, 12, 3072, 1024, "sm90_cooperative_128x256x64_1x1x1"),   # seed004-uniform: 2560 rows/expert
-    (32768, 256, 4096, 7168, "sm90_cooperative_128x256x64_1x1x1"),  # dsv3-prefill: deep K, 128 rows/expert
-    (16384, 128, 5760, 2880, "sm90_cooperative_128x256x64_1x1x1"),  # gptoss-120b-prefill
+    (32768, 256, 4096, 7168, "sm90_cooperative_wide_64x512x32_1x1x1"),  # dsv3-prefill: deep K, 128 rows/expert
+    (16384, 128, 3072, 4096, "sm90_cooperative_wide_64x512x32_1x1x1"),  # Qwen3-235B gate/up, 128 rows/expert
+    (16384, 128, 5760, 2880, "sm90_cooperative_128x256x64_1x1x1"),  # gptoss-120b-prefill: N not a multiple of 512
+    (65536, 256, 4096, 7168, "sm90_cooperative_128x256x64_1x1x1"),  # dsv3 gate/up at 256 rows/expert
     (16384, 128, 5760, 1024, "sm90_pingpong_64x256x64_1x1x1"),      # 128 rows/expert, K = 1024
     (16384, 32, 5760, 2880, "sm90_cooperative_128x256x64_1x1x1"),   # gpt-oss-20b: 32 experts, 512 rows/expert
     (262144, 64, 2816, 2048, "sm90_cooperative_128x256x64_1x1x1"),  # 4096 rows/expert, K = 2048

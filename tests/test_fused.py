@@ -189,7 +189,7 @@ def test_fused_compiles_fullgraph():
 # ---- the gated projection ------------------------------------------------------------------------
 
 GATED = [None, "relu", "gelu_tanh", "gelu", "silu", "swiglu_oai"]
-MOE_CONFIGS = ["sm90_pingpong_64x256x64_1x1x1", "sm90_cooperative_128x256x64_1x1x1"]
+MOE_CONFIGS = ["sm90_pingpong_64x256x64_1x1x1", "sm90_cooperative_128x256x64_1x1x1", "sm90_cooperative_wide_64x512x32_1x1x1"]
 
 
 def make_gated(t, k, inter, e, dtype, device, trans_b=False, seed=0, kind="random"):

@@ -19,9 +19,10 @@ SM80_SMALL_M = "sm80_64x128x32_32x64_s4"
 SM80_LARGE_M = "sm80_128x128x32_64x64_s4"
 BACKENDS = ["grouped", "moe", "sm80_grouped", "sm80_moe"]  # the sm80 families run on Hopper too
 # (backend, config): every config of every family, each tested where built.
-# MoE configs: the 64x256 pingpong and 128x256 cooperative tiles.
+# MoE configs: the 64x256 pingpong, 128x256 cooperative and 64x512 wide cooperative tiles.
 COOPERATIVE = "sm90_cooperative_128x256x64_1x1x1"
-KERNELS = [("grouped", SMALL_M), ("grouped", LARGE_M), ("moe", SMALL_M), ("moe", COOPERATIVE),
+WIDE = "sm90_cooperative_wide_64x512x32_1x1x1"  # MoE family: both consumers on the same 64 rows
+KERNELS = [("grouped", SMALL_M), ("grouped", LARGE_M), ("moe", SMALL_M), ("moe", COOPERATIVE), ("moe", WIDE),
            ("sm80_grouped", SM80_SMALL_M), ("sm80_grouped", SM80_LARGE_M),
            ("sm80_moe", SM80_SMALL_M), ("sm80_moe", SM80_LARGE_M)]
 KERNEL_IDS = [f"{b}-{'_'.join(c.split('_')[1:])}" for b, c in KERNELS]

@@ -24,6 +24,7 @@ struct Pingpong {
   using EpilogueSchedule    = cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong;
   using MoeMainloopSchedule = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
   static constexpr bool kPingpong = true;
+  static constexpr bool kWide = false;
 };
 
 struct Cooperative {
@@ -31,6 +32,13 @@ struct Cooperative {
   using EpilogueSchedule    = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
   using MoeMainloopSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
   static constexpr bool kPingpong = false;
+  static constexpr bool kWide = false;
+};
+
+// The MoE family's wide tile (MoeGemmKernel::wide_tiles): both consumers on the same kTileM rows,
+// each on its own half of the columns.
+struct CooperativeWide : Cooperative {
+  static constexpr bool kWide = true;
 };
 
 template <KernelConfig kConfig>
@@ -51,6 +59,7 @@ CUTLASS_MOE_SM90_CONFIG(kSm90Pingpong_64x256x64_1x1x1,      Pingpong,    64,  25
 CUTLASS_MOE_SM90_CONFIG(kSm90Cooperative_256x128x64_2x1x1,  Cooperative, 256, 128, 64,  2, 1)
 CUTLASS_MOE_SM90_CONFIG(kSm90Pingpong_128x128x64_1x2x1,     Pingpong,    128, 128, 64,  1, 2)
 CUTLASS_MOE_SM90_CONFIG(kSm90Cooperative_128x256x64_1x1x1,  Cooperative, 128, 256, 64,  1, 1)
+CUTLASS_MOE_SM90_CONFIG(kSm90CooperativeWide_64x512x32_1x1x1, CooperativeWide, 64, 512, 32, 1, 1)  // MoE family only
 
 #undef CUTLASS_MOE_SM90_CONFIG
 

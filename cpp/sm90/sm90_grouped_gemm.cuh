@@ -32,6 +32,7 @@ namespace cutlass_moe::sm90 {
 template <DType kDType, WeightLayout kLayout, KernelConfig kConfig>
 struct GroupedGemmKernel {
   using Config = ConfigTraits<kConfig>;
+  static_assert(!Config::kWide, "the wide tile is the MoE forward's only");
 
   using Element            = typename ElementOf<kDType>::type;
   using ElementAccumulator = float;                                             // fp32 accumulation

@@ -57,7 +57,7 @@ void MoeGemmInstance<kDType, kLayout, kConfig>::run(const MoeGemmProblem& p, voi
   constexpr int64_t kHalvedRoundsAtMost = 16;
   const int64_t tiles = most_tiles(p.num_tokens, p.num_experts, (p.n + Kernel::kTileN - 1) / Kernel::kTileN,
                                    Kernel::kTileM);
-  args.halve_last_round = !Kernel::kPingpong && p.num_experts <= 32 && tiles <= kHalvedRoundsAtMost * sm_count;
+  args.halve_last_round = !Kernel::kPingpong && !Kernel::kWide && p.num_experts <= 32 && tiles <= kHalvedRoundsAtMost * sm_count;
   // One CTA per SM: the kernel takes all of shared memory (checked below).
   args.hw_info.device_id = device;
   args.hw_info.sm_count = sm_count;

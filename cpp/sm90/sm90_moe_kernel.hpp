@@ -53,6 +53,7 @@ class MoeGemmKernel {
   using ClusterShape       = cute::Shape<cute::_1, cute::_1, cute::_1>;
   using Fusion             = Fusion_<Element>;
   static constexpr bool kPingpong = Config::kPingpong;
+  static constexpr bool kWide = Config::kWide;  // both consumers on the same rows (wide_tiles)
   static constexpr int kAlignment = 128 / cutlass::sizeof_bits<Element>::value;  // 16 bytes, for TMA
   static constexpr int kTileM = cute::size<0>(TileShape{});
   static constexpr int kTileN = cute::size<1>(TileShape{});
@@ -83,25 +84,62 @@ class MoeGemmKernel {
   };
   // The tiled MMA depends only on the tile and schedule; the epilogue needs it before the mainloop's
   // stage count, which needs the epilogue's shared memory.
-  using TiledMma = typename cutlass::gemm::collective::CollectiveBuilder<
+  static constexpr auto kMajorA = cutlass::gemm::collective::detail::gmma_ss_tag_to_major_A<Element, LayoutA>();
+  static constexpr auto kMajorB = cutlass::gemm::collective::detail::gmma_ss_tag_to_major_B<Element, LayoutB>();
+  // The wide tile (wide_tiles): each warp group's 64 x kTileN/2 MMA, the two side by side along N.
+  // CUTLASS's builder takes a cooperative tile of at least 128 rows only, so the wide tile's tiled
+  // MMA and collective mainloop are put together here from the parts the builder would pick.
+  using WideTiledMma = decltype(cute::make_tiled_mma(
+      cute::GMMA::ss_op_selector<Element, Element, ElementAccumulator,
+                                 cute::Shape<cute::Int<kTileM>, cute::Int<kTileN / 2>, cute::Int<kTileK>>, kMajorA,
+                                 kMajorB>(),
+      cute::Layout<cute::Shape<cute::_1, cute::_2, cute::_1>>{}));
+  using BuiltTiledMma = typename cutlass::gemm::collective::CollectiveBuilder<  // (a placeholder tile for kWide)
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
       Element, LayoutA, kAlignment, Element, LayoutB, kAlignment, ElementAccumulator,
-      TileShape, ClusterShape, cutlass::gemm::collective::StageCount<2>,
-      typename Config::MoeMainloopSchedule>::CollectiveOp::TiledMma;
+      std::conditional_t<kWide, cute::Shape<cute::_128, cute::_128, cute::_64>, TileShape>, ClusterShape,
+      cutlass::gemm::collective::StageCount<2>, typename Config::MoeMainloopSchedule>::CollectiveOp::TiledMma;
+  using TiledMma = std::conditional_t<kWide, WideTiledMma, BuiltTiledMma>;
+  // The wide tile's consumers store their 64 x kTileN/2 parts as the two row halves of a cooperative
+  // 128 x kTileN/2 tile would be stored (epilogue_part).
+  using EpilogueTiledMma = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
+      Element, LayoutA, kAlignment, Element, LayoutB, kAlignment, ElementAccumulator,
+      cute::Shape<cute::_128, cute::Int<(kWide ? kTileN / 2 : 128)>, cute::_64>, ClusterShape,
+      cutlass::gemm::collective::StageCount<2>, cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp::TiledMma;
   using CollectiveEpilogue = std::conditional_t<
       kPingpong, PingpongStagedEpilogue<Element, TiledMma, kTileM, kTileN, Fusion>,
-      CooperativeTmaStoreEpilogue<Element, TiledMma, kTileM, kTileN, Fusion>>;
-  using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      std::conditional_t<kWide, CooperativeTmaStoreEpilogue<Element, EpilogueTiledMma, 2 * kTileM, kTileN / 2, Fusion>,
+                         CooperativeTmaStoreEpilogue<Element, TiledMma, kTileM, kTileN, Fusion>>>;
+  static constexpr int kCarveout = static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage) +
+                                                    sizeof(typename MathOrderBarrier::SharedStorage) +
+                                                    sizeof(HalfTileSlots));
+  using BuiltMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
       Element, LayoutA, kAlignment,
       Element, LayoutB, kAlignment,
       ElementAccumulator,
-      TileShape, ClusterShape,
-      cutlass::gemm::collective::StageCountAutoCarveout<
-          static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage) +
-                           sizeof(typename MathOrderBarrier::SharedStorage) + sizeof(HalfTileSlots))>,
+      std::conditional_t<kWide, cute::Shape<cute::_128, cute::_128, cute::_64>, TileShape>, ClusterShape,
+      cutlass::gemm::collective::StageCountAutoCarveout<kCarveout>,
       typename Config::MoeMainloopSchedule
     >::CollectiveOp;
+  // As StageCountAutoCarveout: what shared memory holds besides the carve-out, a stage's operands
+  // and its pipeline barriers (32 bytes) each.
+  static constexpr int kWideStages =
+      (cutlass::gemm::collective::detail::sm90_smem_capacity_bytes - kCarveout) /
+      ((kTileM + kTileN) * kTileK * int(sizeof(Element)) + 32);
+  using WideMainloop = cutlass::gemm::collective::CollectiveMma<
+      cutlass::gemm::MainloopSm90TmaGmmaWarpSpecialized<kWideStages, ClusterShape,
+                                                        cutlass::gemm::KernelTmaWarpSpecializedCooperative>,
+      TileShape, Element, cutlass::detail::TagToStrideA_t<LayoutA>, Element, cutlass::detail::TagToStrideB_t<LayoutB>,
+      TiledMma, cute::SM90_TMA_LOAD,
+      decltype(cutlass::gemm::collective::detail::ss_smem_selector<kMajorA, Element, cute::Int<kTileM>,
+                                                                   cute::Int<kTileK>>()),
+      void, cute::identity, cute::SM90_TMA_LOAD,
+      decltype(cutlass::gemm::collective::detail::ss_smem_selector<kMajorB, Element, cute::Int<kTileN>,
+                                                                   cute::Int<kTileK>>()),
+      void, cute::identity>;
+  using CollectiveMainloop = std::conditional_t<kWide, WideMainloop, BuiltMainloop>;
   static_assert(std::is_same_v<TiledMma, typename CollectiveMainloop::TiledMma>);
   using Pipeline      = typename CollectiveMainloop::MainloopPipeline;
   using PipelineState = typename CollectiveMainloop::PipelineState;
@@ -367,6 +405,56 @@ class MoeGemmKernel {
     }
   }
 
+  // The wide tile's consumers (kWide): both run every tile's K blocks, each on its own kTileN / 2
+  // columns of the same kTileM rows, so the tile pads an expert's rows to 64 as the pingpong tile
+  // does, while its two consumers share each stage's x box as the cooperative tile's share the
+  // weights' (benchmarks/NOTES.md, "The wide tile"). The epilogue stores consumer c's part as the
+  // cooperative epilogue stores row half c of a 2 kTileM x kTileN / 2 tile (epilogue_part), with the
+  // same fusions and deferred stores. kDeferStores: as cooperative_tiles.
+  CUTLASS_DEVICE static MoeTile epilogue_part(MoeTile tile, int consumer) {
+    const int skip = (tile.m_tile - consumer) * kTileM;  // the part's rows start at m_tile * kTileM
+    tile.row_start += skip;
+    tile.rows -= skip;
+    tile.m_tile = 0;
+    tile.n_tile = tile.n_tile * 2 + consumer;
+    return tile;
+  }
+  template <bool kDeferStores>
+  CUTLASS_DEVICE static void wide_tiles(Params const& params, SharedStorage& storage, Pipeline& pipeline,
+                                        Scheduler& scheduler, CollectiveEpilogue& epilogue, int k_tiles, int consumer,
+                                        int mma_thread) {
+    using namespace cute;
+    constexpr int kSlices = CollectiveEpilogue::kSlices;
+    CollectiveMainloop mainloop;
+    TiledMma tiled_mma;
+    PipelineState read_state;
+    auto held = CollectiveEpilogue::Held::make_registers(partition_fragment_C(tiled_mma, take<0, 2>(TileShape{})));
+    for (int64_t index = blockIdx.x;; index += gridDim.x) {
+      const MoeTile tile = scheduler.tile(index);
+      if (!tile.valid) break;
+      Tensor accum = partition_fragment_C(tiled_mma, take<0, 2>(TileShape{}));
+      FusedOperands fused;
+      if (params.fused.enabled) fused = load_fused(params.fused, tile, mma_thread);
+      if constexpr (kDeferStores) {
+        mma_pipelined<CollectiveMainloop, kSlices, /*kHookAfterRelease=*/false>(
+            pipeline, read_state, accum, k_tiles, mma_thread, storage.tensors, /*accumulate=*/false,
+            [&](int k_tile) { epilogue.store_slice(k_tile, held); }, [](int) {});
+      } else {
+        const bool seeded = seed_accumulators(params, accum, tile, mma_thread);
+        mainloop_mma(params, pipeline, read_state, accum, seeded, k_tiles, mma_thread, storage.tensors);
+      }
+      mainloop.mma_tail(pipeline, read_state, k_tiles);
+      read_state.advance(k_tiles);
+      if (params.fused.enabled) apply_fused(params.fused, accum, fused, tile, mma_thread);
+      if constexpr (kDeferStores) {
+        epilogue.hold(epilogue_part(tile, consumer), accum, held);
+      } else {
+        epilogue.store(epilogue_part(tile, consumer), accum);
+      }
+    }
+    if constexpr (kDeferStores) epilogue.store_all(held);
+  }
+
   // A cooperative consumer's tiles. kDeferStores: each tile's outputs wait in registers (`held`)
   // and are stored while the next tile's first K blocks run, one slice per block
   // (sm90_moe_epilogue.hpp). Otherwise each tile is stored right after its mainloop, and the
@@ -474,7 +562,7 @@ CUTLASS_DEVICE void MoeGemmKernel<Element, LayoutB, Config, Fusion>::operator()(
     auto write_state = cutlass::make_producer_start_state<Pipeline>();
     // Pingpong: tiles first, first + grid, ...; cooperative: the same, or half tiles at the end.
     CooperativeUnits units(storage.half_tile);
-    if (!kPingpong && params.halve_last_round) units.plan(scheduler, storage.half_tile);
+    if (!kPingpong && !kWide && params.halve_last_round) units.plan(scheduler, storage.half_tile);
     while (true) {
       MoeTile tile = units.next(scheduler, storage.half_tile).tile;
       if (!tile.valid) break;
@@ -517,6 +605,18 @@ CUTLASS_DEVICE void MoeGemmKernel<Element, LayoutB, Config, Fusion>::operator()(
         read_state.advance(k_tiles * kConsumers);
         if (params.fused.enabled) apply_fused(params.fused, accum, fused, tile, group_thread);
         epilogue.store(tile, accum);
+      }
+      epilogue.store_tail();
+      zero_unowned(params, scheduler, consumer, group_thread);
+    } else if constexpr (kWide) {
+      const int mma_thread = threadIdx.x - cutlass::NumThreadsPerWarpGroup;  // both consumers: 0..255
+      CollectiveEpilogue epilogue(params.epilogue, storage.epilogue, consumer, mma_thread, group_thread);
+      if (kDefersStores && params.defer_stores && k_tiles >= CollectiveEpilogue::kSlices &&
+          !(kSeedsBias && params.fused.seed_bias)) {
+        wide_tiles</*kDeferStores=*/true>(params, storage, pipeline, scheduler, epilogue, k_tiles, consumer, mma_thread);
+      } else {
+        wide_tiles</*kDeferStores=*/false>(params, storage, pipeline, scheduler, epilogue, k_tiles, consumer,
+                                           mma_thread);
       }
       epilogue.store_tail();
       zero_unowned(params, scheduler, consumer, group_thread);

@@ -35,6 +35,7 @@ namespace cutlass_moe::sm90 {
 template <DType kDType, DType kOutDType, KernelConfig kConfig>
 struct WgradGroupedKernel {
   using Config = ConfigTraits<kConfig>;
+  static_assert(!Config::kWide, "the wide tile is the MoE forward's only");
 
   using Element            = typename ElementOf<kDType>::type;
   using ElementOut         = typename ElementOf<kOutDType>::type;

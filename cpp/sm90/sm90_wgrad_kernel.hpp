@@ -221,6 +221,7 @@ class MoeWgradKernel {
   using LayoutA            = cutlass::layout::ColumnMajor;  // M contiguous: A(m, t) at a[t * lda + m]
   using LayoutB            = cutlass::layout::RowMajor;     // N contiguous: B(t, n) at b[t * ldb + n]
   using TileShape          = typename Config::TileShape;
+  static_assert(!Config::kWide, "the wide tile is the MoE forward's only");
   using ClusterShape       = cute::Shape<cute::_1, cute::_1, cute::_1>;
   static constexpr int kAlignment = 128 / cutlass::sizeof_bits<Element>::value;  // 16 bytes, for TMA
   static constexpr int kTileM = cute::size<0>(TileShape{});

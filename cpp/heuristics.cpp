@@ -98,7 +98,8 @@ KernelConfig select_config(const MoeGemmProblem& problem, Backend backend, int d
     // last tile: the wide tile (64 rows, 512 columns, its two consumers sharing each x box) pads as
     // the pingpong tile does and takes its place where N fills its 512 columns (DeepSeek-V3's gate/up
     // projection at prefill: 7% faster; benchmarks/NOTES.md, "The wide tile").
-    if (cooperative && rows_per_expert < 256 && problem.n % 512 == 0) {
+    // (E, K, N) weights only: the wide tile is built for that layout alone (CMakeLists.txt).
+    if (cooperative && rows_per_expert < 256 && problem.n % 512 == 0 && problem.weight_layout == WeightLayout::kKN) {
       return KernelConfig::kSm90CooperativeWide_64x512x32_1x1x1;
     }
     return cooperative ? KernelConfig::kSm90Cooperative_128x256x64_1x1x1 : KernelConfig::kSm90Pingpong_64x256x64_1x1x1;

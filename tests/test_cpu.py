@@ -364,7 +364,10 @@ def test_compiled_module_reports_its_build():
     layouts = {l for members in families.values() for _, l, _ in members}
     for (arch, backend), members in families.items():
         family_configs = {c for _, _, c in members}
-        assert members == set(itertools.product(dtypes, layouts, family_configs)), (
+        # The MoE family's wide tile is built for (E, K, N) weights only (CMakeLists.txt).
+        expected = {(d, l, c) for d, l, c in itertools.product(dtypes, layouts, family_configs)
+                    if not ("_wide_" in c and l != "kn")}
+        assert members == expected, (
             f"{arch}:{backend} is not the product of {sorted(dtypes)} x {sorted(layouts)} x {sorted(family_configs)}: "
             f"{sorted(members)}")
     # The wgrad families: every dtype of the build, each with its own dtype and fp32 as output.

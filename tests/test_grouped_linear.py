@@ -598,9 +598,11 @@ def test_autocast_cpu(module):
 
 # ---- CUDA: the sm90 MoE kernel over interleaved groups ----------------------------------------------
 
-def _moe_configs():
-    from conftest import built_instances
-    return sorted({inst[4] for inst in built_instances() if inst[0] == "sm90" and inst[1] == "moe"})
+def _moe_configs(dtype=None, layout=None):
+    """The built sm90 moe configs (of this dtype and weight layout, where given)."""
+    from conftest import DTYPE_NAMES, built_instances
+    return sorted({inst[4] for inst in built_instances() if inst[0] == "sm90" and inst[1] == "moe"
+                   and (dtype is None or inst[2] == DTYPE_NAMES[dtype]) and (layout is None or inst[3] == layout)})
 
 
 def _loop_gated(x, w, bias, activation):
@@ -633,7 +635,7 @@ def test_interleaved_kernel_cuda(shape, dtype, layout, gated):
         w = w.transpose(1, 2).contiguous().transpose(1, 2)       # (G, K, N) view of (G, N, K) storage
     bias = torch.randn(g, n, generator=gen).to("cuda", dtype)
     cols = n // 2 if gated else n
-    for config in _moe_configs():
+    for config in _moe_configs(dtype, layout):  # the wide tile: (E, K, N) weights only
         for with_bias in (False, True):
             bb = bias if with_bias else None
             assert _interleaved_takes(x, w, bb, gated)

@@ -96,10 +96,14 @@ KernelConfig select_config(const MoeGemmProblem& problem, Backend backend, int d
                                                     (problem.num_experts >= 32 || !fast_dram));
     // Below 256 rows per expert the cooperative tile's 128-row tiles pad half of a typical expert's
     // last tile: the wide tile (64 rows, 512 columns, its two consumers sharing each x box) pads as
-    // the pingpong tile does and takes its place where N fills its 512 columns (DeepSeek-V3's gate/up
-    // projection at prefill: 7% faster; benchmarks/NOTES.md, "The wide tile").
+    // the pingpong tile does and takes its place where N fills its 512 columns, among 32 or more
+    // experts on fast DRAM (DeepSeek-V3's and Qwen3-235B's gate/up projections at prefill, H200:
+    // 4.5% faster in geomean, dsv3-prefill 11%; benchmarks/NOTES.md, "The wide tile"). It reads each
+    // weight tile once per 64 rows, as the pingpong tile does, which an H100's DRAM made the slower
+    // choice for few experts; it has not been timed on an H100, whose picks stay as they were.
     // (E, K, N) weights only: the wide tile is built for that layout alone (CMakeLists.txt).
-    if (cooperative && rows_per_expert < 256 && problem.n % 512 == 0 && problem.weight_layout == WeightLayout::kKN) {
+    if (cooperative && rows_per_expert < 256 && problem.n % 512 == 0 && problem.num_experts >= 32 && fast_dram &&
+        problem.weight_layout == WeightLayout::kKN) {
       return KernelConfig::kSm90CooperativeWide_64x512x32_1x1x1;
     }
     return cooperative ? KernelConfig::kSm90Cooperative_128x256x64_1x1x1 : KernelConfig::kSm90Pingpong_64x256x64_1x1x1;

@@ -87,7 +87,7 @@ enum class KernelConfig : int {
   kSm80_64x128x32_32x64_s4 = 6,   // small M per expert (decode)
   kSm80_128x128x32_64x64_s4 = 7,  // large M per expert (prefill)
   kSm90Cooperative_128x256x64_1x1x1 = 8,
-  // MoE family: both consumers on the same 64 rows, each on 256 of the tile's 512 columns.
+  // MoE family, (E, K, N) weights: both consumers on the same 64 rows, each on 256 of 512 columns.
   kSm90CooperativeWide_64x512x32_1x1x1 = 9,
 };
 constexpr int kNumKernelConfigs = 10;  // configs 0 .. kNumKernelConfigs - 1

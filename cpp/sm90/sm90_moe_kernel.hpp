@@ -410,7 +410,9 @@ class MoeGemmKernel {
   // does, while its two consumers share each stage's x box as the cooperative tile's share the
   // weights' (benchmarks/NOTES.md, "The wide tile"). The epilogue stores consumer c's part as the
   // cooperative epilogue stores row half c of a 2 kTileM x kTileN / 2 tile (epilogue_part), with the
-  // same fusions and deferred stores. kDeferStores: as cooperative_tiles.
+  // same fusions and deferred stores. kDeferStores: as cooperative_tiles, which it follows step for
+  // step without the half tiles (CooperativeUnits): cooperative_tiles with an epilogue_part step
+  // spilled 4 bytes in the bf16 wide instance.
   CUTLASS_DEVICE static MoeTile epilogue_part(MoeTile tile, int consumer) {
     const int skip = (tile.m_tile - consumer) * kTileM;  // the part's rows start at m_tile * kTileM
     tile.row_start += skip;

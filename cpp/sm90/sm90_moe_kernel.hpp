@@ -82,6 +82,24 @@ class MoeGemmKernel {
   struct HalfTileSlots {
     int tile[MaxThreadsPerBlock / cutlass::NumThreadsPerWarp];
   };
+  // CUTLASS's collective builder for a tile, schedule and stage count. As a class template, it is
+  // instantiated only where a kernel uses its `type`: std::conditional_t below picks between such
+  // types without instantiating the one not taken (the wide tile's shapes are no builder's).
+  template <class Tile, class Schedule, class Stages>
+  struct Built {
+    using type = typename cutlass::gemm::collective::CollectiveBuilder<
+        cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, LayoutA, kAlignment, Element, LayoutB,
+        kAlignment, ElementAccumulator, Tile, ClusterShape, Stages, Schedule>::CollectiveOp;
+  };
+  template <class Tile, class Schedule>
+  struct BuiltTiledMma {
+    using type = typename Built<Tile, Schedule, cutlass::gemm::collective::StageCount<2>>::type::TiledMma;
+  };
+  template <class T>
+  struct Given {
+    using type = T;
+  };
+
   // The tiled MMA depends only on the tile and schedule; the epilogue needs it before the mainloop's
   // stage count, which needs the epilogue's shared memory.
   static constexpr auto kMajorA = cutlass::gemm::collective::detail::gmma_ss_tag_to_major_A<Element, LayoutA>();
@@ -94,35 +112,22 @@ class MoeGemmKernel {
                                  cute::Shape<cute::Int<kTileM>, cute::Int<kTileN / 2>, cute::Int<kTileK>>, kMajorA,
                                  kMajorB>(),
       cute::Layout<cute::Shape<cute::_1, cute::_2, cute::_1>>{}));
-  using BuiltTiledMma = typename cutlass::gemm::collective::CollectiveBuilder<  // (a placeholder tile for kWide)
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
-      Element, LayoutA, kAlignment, Element, LayoutB, kAlignment, ElementAccumulator,
-      std::conditional_t<kWide, cute::Shape<cute::_128, cute::_128, cute::_64>, TileShape>, ClusterShape,
-      cutlass::gemm::collective::StageCount<2>, typename Config::MoeMainloopSchedule>::CollectiveOp::TiledMma;
-  using TiledMma = std::conditional_t<kWide, WideTiledMma, BuiltTiledMma>;
+  using TiledMma = typename std::conditional_t<kWide, Given<WideTiledMma>,
+                                               BuiltTiledMma<TileShape, typename Config::MoeMainloopSchedule>>::type;
   // The wide tile's consumers store their 64 x kTileN/2 parts as the two row halves of a cooperative
   // 128 x kTileN/2 tile would be stored (epilogue_part).
-  using EpilogueTiledMma = typename cutlass::gemm::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
-      Element, LayoutA, kAlignment, Element, LayoutB, kAlignment, ElementAccumulator,
-      cute::Shape<cute::_128, cute::Int<(kWide ? kTileN / 2 : 128)>, cute::_64>, ClusterShape,
-      cutlass::gemm::collective::StageCount<2>, cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp::TiledMma;
   using CollectiveEpilogue = std::conditional_t<
       kPingpong, PingpongStagedEpilogue<Element, TiledMma, kTileM, kTileN, Fusion>,
-      std::conditional_t<kWide, CooperativeTmaStoreEpilogue<Element, EpilogueTiledMma, 2 * kTileM, kTileN / 2, Fusion>,
+      std::conditional_t<kWide,
+                         CooperativeTmaStoreEpilogue<
+                             Element,
+                             typename BuiltTiledMma<cute::Shape<cute::_128, cute::Int<kTileN / 2>, cute::_64>,
+                                                    cutlass::gemm::KernelTmaWarpSpecializedCooperative>::type,
+                             2 * kTileM, kTileN / 2, Fusion>,
                          CooperativeTmaStoreEpilogue<Element, TiledMma, kTileM, kTileN, Fusion>>>;
   static constexpr int kCarveout = static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage) +
                                                     sizeof(typename MathOrderBarrier::SharedStorage) +
                                                     sizeof(HalfTileSlots));
-  using BuiltMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
-      Element, LayoutA, kAlignment,
-      Element, LayoutB, kAlignment,
-      ElementAccumulator,
-      std::conditional_t<kWide, cute::Shape<cute::_128, cute::_128, cute::_64>, TileShape>, ClusterShape,
-      cutlass::gemm::collective::StageCountAutoCarveout<kCarveout>,
-      typename Config::MoeMainloopSchedule
-    >::CollectiveOp;
   // As StageCountAutoCarveout: what shared memory holds besides the carve-out, a stage's operands
   // and its pipeline barriers (32 bytes) each.
   static constexpr int kWideStages =
@@ -139,7 +144,10 @@ class MoeGemmKernel {
       decltype(cutlass::gemm::collective::detail::ss_smem_selector<kMajorB, Element, cute::Int<kTileN>,
                                                                    cute::Int<kTileK>>()),
       void, cute::identity>;
-  using CollectiveMainloop = std::conditional_t<kWide, WideMainloop, BuiltMainloop>;
+  using CollectiveMainloop = typename std::conditional_t<
+      kWide, Given<WideMainloop>,
+      Built<TileShape, typename Config::MoeMainloopSchedule,
+            cutlass::gemm::collective::StageCountAutoCarveout<kCarveout>>>::type;
   static_assert(std::is_same_v<TiledMma, typename CollectiveMainloop::TiledMma>);
   using Pipeline      = typename CollectiveMainloop::MainloopPipeline;
   using PipelineState = typename CollectiveMainloop::PipelineState;
@@ -410,9 +418,9 @@ class MoeGemmKernel {
   // does, while its two consumers share each stage's x box as the cooperative tile's share the
   // weights' (benchmarks/NOTES.md, "The wide tile"). The epilogue stores consumer c's part as the
   // cooperative epilogue stores row half c of a 2 kTileM x kTileN / 2 tile (epilogue_part), with the
-  // same fusions and deferred stores. kDeferStores: as cooperative_tiles, which it follows step for
-  // step without the half tiles (CooperativeUnits): cooperative_tiles with an epilogue_part step
-  // spilled 4 bytes in the bf16 wide instance.
+  // same fusions and deferred stores. The tiles are cooperative_tile's, in cooperative_tiles' order
+  // without its half tiles (CooperativeUnits): one loop for both spilled 4 bytes in the bf16 wide
+  // instance.
   CUTLASS_DEVICE static MoeTile epilogue_part(MoeTile tile, int consumer) {
     const int skip = (tile.m_tile - consumer) * kTileM;  // the part's rows start at m_tile * kTileM
     tile.row_start += skip;
@@ -426,35 +434,46 @@ class MoeGemmKernel {
                                         Scheduler& scheduler, CollectiveEpilogue& epilogue, int k_tiles, int consumer,
                                         int mma_thread) {
     using namespace cute;
-    constexpr int kSlices = CollectiveEpilogue::kSlices;
-    CollectiveMainloop mainloop;
-    TiledMma tiled_mma;
     PipelineState read_state;
-    auto held = CollectiveEpilogue::Held::make_registers(partition_fragment_C(tiled_mma, take<0, 2>(TileShape{})));
+    auto held = CollectiveEpilogue::Held::make_registers(partition_fragment_C(TiledMma{}, take<0, 2>(TileShape{})));
     for (int64_t index = blockIdx.x;; index += gridDim.x) {
       const MoeTile tile = scheduler.tile(index);
       if (!tile.valid) break;
-      Tensor accum = partition_fragment_C(tiled_mma, take<0, 2>(TileShape{}));
-      FusedOperands fused;
-      if (params.fused.enabled) fused = load_fused(params.fused, tile, mma_thread);
-      if constexpr (kDeferStores) {
-        mma_pipelined<CollectiveMainloop, kSlices, /*kHookAfterRelease=*/false>(
-            pipeline, read_state, accum, k_tiles, mma_thread, storage.tensors, /*accumulate=*/false,
-            [&](int k_tile) { epilogue.store_slice(k_tile, held); }, [](int) {});
-      } else {
-        const bool seeded = seed_accumulators(params, accum, tile, mma_thread);
-        mainloop_mma(params, pipeline, read_state, accum, seeded, k_tiles, mma_thread, storage.tensors);
-      }
-      mainloop.mma_tail(pipeline, read_state, k_tiles);
-      read_state.advance(k_tiles);
-      if (params.fused.enabled) apply_fused(params.fused, accum, fused, tile, mma_thread);
-      if constexpr (kDeferStores) {
-        epilogue.hold(epilogue_part(tile, consumer), accum, held);
-      } else {
-        epilogue.store(epilogue_part(tile, consumer), accum);
-      }
+      cooperative_tile<kDeferStores>(params, storage, pipeline, read_state, epilogue, held, tile, k_tiles, consumer,
+                                     mma_thread);
     }
     if constexpr (kDeferStores) epilogue.store_all(held);
+  }
+
+  // One tile of cooperative_tiles or wide_tiles: its mainloop, fusion and store (kDeferStores: the
+  // previous tile's slices stored during the first K blocks, this one's outputs held), with the
+  // wide tile's part of it (epilogue_part) where the kernel has one.
+  template <bool kDeferStores, class Held>
+  CUTLASS_DEVICE static void cooperative_tile(Params const& params, SharedStorage& storage, Pipeline& pipeline,
+                                              PipelineState& read_state, CollectiveEpilogue& epilogue, Held& held,
+                                              MoeTile const& tile, int k_tiles, int consumer, int mma_thread) {
+    using namespace cute;
+    constexpr int kSlices = CollectiveEpilogue::kSlices;
+    CollectiveMainloop mainloop;
+    Tensor accum = partition_fragment_C(TiledMma{}, take<0, 2>(TileShape{}));
+    FusedOperands fused;  // loaded before the mainloop, which hides the loads' latency
+    if (params.fused.enabled) fused = load_fused(params.fused, tile, mma_thread);
+    if constexpr (kDeferStores) {
+      mma_pipelined<CollectiveMainloop, kSlices, /*kHookAfterRelease=*/false>(
+          pipeline, read_state, accum, k_tiles, mma_thread, storage.tensors, /*accumulate=*/false,
+          [&](int k_tile) { epilogue.store_slice(k_tile, held); }, [](int) {});
+    } else {
+      const bool seeded = seed_accumulators(params, accum, tile, mma_thread);
+      mainloop_mma(params, pipeline, read_state, accum, seeded, k_tiles, mma_thread, storage.tensors);
+    }
+    mainloop.mma_tail(pipeline, read_state, k_tiles);
+    read_state.advance(k_tiles);
+    if (params.fused.enabled) apply_fused(params.fused, accum, fused, tile, mma_thread);
+    if constexpr (kDeferStores) {
+      epilogue.hold(kWide ? epilogue_part(tile, consumer) : tile, accum, held);
+    } else {
+      epilogue.store(kWide ? epilogue_part(tile, consumer) : tile, accum);
+    }
   }
 
   // A cooperative consumer's tiles. kDeferStores: each tile's outputs wait in registers (`held`)
@@ -467,11 +486,9 @@ class MoeGemmKernel {
                                                Scheduler& scheduler, CollectiveEpilogue& epilogue, int k_tiles,
                                                int mma_thread) {
     using namespace cute;
-    constexpr int kSlices = CollectiveEpilogue::kSlices;
     CollectiveMainloop mainloop;
-    TiledMma tiled_mma;
     PipelineState read_state;
-    auto held = CollectiveEpilogue::Held::make_registers(partition_fragment_C(tiled_mma, take<0, 2>(TileShape{})));
+    auto held = CollectiveEpilogue::Held::make_registers(partition_fragment_C(TiledMma{}, take<0, 2>(TileShape{})));
     CooperativeUnits units(storage.half_tile);
     if (params.halve_last_round) units.plan(scheduler, storage.half_tile);
     while (true) {
@@ -486,25 +503,8 @@ class MoeGemmKernel {
         units.next(scheduler, storage.half_tile);  // walks the scheduler to its end (zero_unowned's owned_rows_end)
         return;
       }
-      Tensor accum = partition_fragment_C(tiled_mma, take<0, 2>(TileShape{}));
-      FusedOperands fused;  // loaded before the mainloop, which hides the loads' latency
-      if (params.fused.enabled) fused = load_fused(params.fused, tile, mma_thread);
-      if constexpr (kDeferStores) {
-        mma_pipelined<CollectiveMainloop, kSlices, /*kHookAfterRelease=*/false>(
-            pipeline, read_state, accum, k_tiles, mma_thread, storage.tensors, /*accumulate=*/false,
-            [&](int k_tile) { epilogue.store_slice(k_tile, held); }, [](int) {});
-      } else {
-        const bool seeded = seed_accumulators(params, accum, tile, mma_thread);
-        mainloop_mma(params, pipeline, read_state, accum, seeded, k_tiles, mma_thread, storage.tensors);
-      }
-      mainloop.mma_tail(pipeline, read_state, k_tiles);
-      read_state.advance(k_tiles);
-      if (params.fused.enabled) apply_fused(params.fused, accum, fused, tile, mma_thread);
-      if constexpr (kDeferStores) {
-        epilogue.hold(tile, accum, held);
-      } else {
-        epilogue.store(tile, accum);
-      }
+      cooperative_tile<kDeferStores>(params, storage, pipeline, read_state, epilogue, held, tile, k_tiles,
+                                     /*consumer=*/0, mma_thread);
     }
     if constexpr (kDeferStores) epilogue.store_all(held);
   }

@@ -255,7 +255,7 @@ def test_heuristic_picks_small_m_tiles_unless_experts_have_thousands_of_rows(t, 
 # The rule fitted on benchmarks/sweep_h200.json (heuristics.cpp): the cooperative tile from 768 rows
 # per expert (bf16, K >= 256: it defers its stores), from 256 with 32 or more experts whose weights
 # hold 8M elements or more, and below with deep K among many experts, where the wide tile takes
-# its place below 256 rows if N is a multiple of its 512 columns.
+# its place below 256 rows (32 or more experts, fast DRAM, (E, K, N) weights, N a multiple of 512).
 @pytest.mark.parametrize("t,e,n,k,expect", [
     (1024, 256, 4096, 7168, "sm90_pingpong_64x256x64_1x1x1"),       # dsv3-decode
     (24576, 128, 1024, 1024, "sm90_pingpong_64x256x64_1x1x1"),      # seed000-g128: 192 rows/expert

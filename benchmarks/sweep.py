@@ -47,7 +47,7 @@ MODELS = {
     "olmoe": (64, 2048, 1024),
     "qwen1.5-moe": (60, 2048, 1408),
 }
-ROWS = (16, 64, 256, 384, 512, 1024, 4096)  # average rows per expert
+ROWS = (16, 64, 96, 128, 192, 256, 384, 512, 1024, 4096)  # average rows per expert
 SPLITS = ("uniform", "random", "skewed")
 
 
@@ -104,6 +104,7 @@ def summarize(rows: List[dict], min_floor_us: float) -> Dict[str, object]:
 # The configs of the default build (CMakeLists.txt): "the best built config" of the summary. A table
 # may hold more (timed from a build with extra configs, to see what they would give).
 DEFAULT_CONFIGS = ("moe:sm90_pingpong_64x256x64_1x1x1", "moe:sm90_cooperative_128x256x64_1x1x1",
+                   "moe:sm90_cooperative_wide_64x512x32_1x1x1",
                    "grouped:sm90_pingpong_64x256x64_1x1x1", "grouped:sm90_cooperative_128x256x64_1x2x1")
 
 

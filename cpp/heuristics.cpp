@@ -64,46 +64,49 @@ KernelConfig select_config(const MoeGemmProblem& problem, Backend backend, int d
   const int64_t rows_per_expert = problem.num_tokens / experts;
   if (backend == Backend::kMoe) {
     // The 64x256 pingpong tile pads each expert's last tile less and overlaps one tile's epilogue
-    // with the next one's mainloop: it wins on decode, at K < 2560 up to a thousand rows per expert,
-    // and with few experts (< 32: Mixtral, Llama 4 Scout), whose wide weights give every CTA many
-    // column tiles. The 128x256 cooperative tile reads each weight tile once per 128 rows: it wins
-    // with deep K among many experts, and with thousands of rows per expert unless K is small.
-    // Measurements: benchmarks/sweep_h200.json (benchmarks/NOTES.md, "The heuristic fitted on the
-    // sweep").
+    // with the next one's mainloop: it wins on decode, at K < 2560 below 256 rows per expert, and
+    // with few experts (< 32: Mixtral, Llama 4 Scout) below 768 rows, whose wide weights give every
+    // CTA many column tiles. The 128x256 cooperative tile reads each weight tile once per 128 rows:
+    // it wins with deep K among many experts, and from a few hundred rows per expert on.
+    // Measurements: benchmarks/sweep_h200.json.
     // The few-experts exception holds only where DRAM is fast: the pingpong tile reads each weight
     // tile twice as often, and on an H100 (3.35 TB/s) the cooperative tile is 8-20% faster there
     // (Mixtral and Llama 4 Scout prefill; benchmarks/NOTES.md, "The H100"). Planning without a
     // device (device < 0) takes the H200's rule.
     // Where the cooperative tile defers its stores (defer_cooperative_stores), its epilogue no
     // longer idles the tensor cores. It is then the pick from 768 rows per expert, and from 256
-    // with 32 or more experts whose weights hold 8M elements or more each (DeepSeek-V3's and
-    // gpt-oss's projections: there the pingpong tile's second read of each weight tile costs
-    // more than the cooperative tile's padding). Below 768 rows, smaller weights or few experts
-    // favour the pingpong tile on uneven splits (by up to 22%: the cooperative CTAs drift apart).
-    // Fitted on benchmarks/sweep_h200.json with its 384 and 512 rows per expert (eleventh
-    // session): within 5% of the best config on 90.0% of its 462 shapes, against 86.4% for the
-    // tenth session's rule (cooperative from 512 rows). The table re-timed in alternating rounds
-    // (twelfth session, the stored one now) puts this rule within 5% on 96.1%; the two rules tried
-    // on it for few experts (the grouped pingpong tile, the cooperative tile for wide N) scored
-    // lower (benchmarks/NOTES.md).
+    // with 32 or more experts. Below 768 rows few experts favour the pingpong tile (or the wide
+    // tile, below) on uneven splits: their CTAs share each expert's many column tiles, and the
+    // cooperative CTAs drift apart.
+    // Fitted on benchmarks/sweep_h200.json (eighteenth session: 11 models x 10 rows per expert from
+    // 16 to 4096 x 3 splits, 660 shapes, the wide tile timed too): within 5% of the best config on
+    // 94.4% of the shapes, against 85.0% for the previous rule judged on the same table, which had
+    // asked also for weights of 8M elements or more (fitted before the cooperative tile halved its
+    // short last round; benchmarks/NOTES.md, "The heuristic refitted on the sweep with the wide tile").
     const bool fast_dram = device < 0 || device_facts(device).dram_tbps >= 4.0;
-    const bool large_weights = problem.num_experts >= 32 && problem.k * problem.n >= 8'000'000;
     const bool deferred_wins =
-        defer_cooperative_stores(problem) && (rows_per_expert >= 768 || large_weights);
+        defer_cooperative_stores(problem) && (rows_per_expert >= 768 || problem.num_experts >= 32);
     const bool cooperative = deferred_wins || (rows_per_expert >= 2048
                                               ? problem.k >= 1536
                                               : rows_per_expert > 64 && problem.k >= 2560 &&
                                                     (problem.num_experts >= 32 || !fast_dram));
-    // Below 256 rows per expert the cooperative tile's 128-row tiles pad half of a typical expert's
-    // last tile: the wide tile (64 rows, 512 columns, its two consumers sharing each x box) pads as
-    // the pingpong tile does and takes its place where N fills its 512 columns, among 32 or more
-    // experts on fast DRAM (DeepSeek-V3's and Qwen3-235B's gate/up projections at prefill, H200:
-    // 4.5% faster in geomean, dsv3-prefill 11%; benchmarks/NOTES.md, "The wide tile"). It reads each
-    // weight tile once per 64 rows, as the pingpong tile does, which an H100's DRAM made the slower
-    // choice for few experts; it has not been timed on an H100, whose picks stay as they were.
-    // (E, K, N) weights only: the wide tile is built for that layout alone (CMakeLists.txt).
-    if (cooperative && rows_per_expert < 256 && problem.n % 512 == 0 && problem.num_experts >= 32 && fast_dram &&
-        problem.weight_layout == WeightLayout::kKN) {
+    // The wide tile (64 rows, 512 columns, its two consumers sharing each x box) pads each expert as
+    // the pingpong tile does and reads each x box once per 512 columns. On fast DRAM, with (E, K, N)
+    // weights (the only layout it is built for; CMakeLists.txt), and where its 512-column tiles pad
+    // N no more than 256-column tiles do, it takes two places:
+    // - the cooperative tile's below 256 rows per expert among 32 or more experts, where 128-row
+    //   tiles pad half of a typical expert's last tile (DeepSeek-V3's and Qwen3-235B's gate/up,
+    //   gpt-oss's down projection at prefill; dsv3-prefill 11% faster);
+    // - the pingpong tile's between 64 and 768 rows per expert among fewer experts with N of 16384
+    //   or more (Mixtral's and Llama 4 Scout's gate/up projections: 3% faster in geomean over 42
+    //   shapes of the sweep).
+    // It reads each weight tile once per 64 rows, as the pingpong tile does, which an H100's DRAM
+    // made the slower choice for few experts; it has not been timed on an H100, whose picks stay.
+    const bool wide_fits = fast_dram && problem.weight_layout == WeightLayout::kKN && (problem.n + 255) / 256 % 2 == 0;
+    const bool wide_for_cooperative = cooperative && rows_per_expert < 256 && problem.num_experts >= 32;
+    const bool wide_for_pingpong = !cooperative && problem.num_experts < 32 && problem.n >= 16384 &&
+                                   rows_per_expert > 64 && rows_per_expert < 768;
+    if (wide_fits && (wide_for_cooperative || wide_for_pingpong)) {
       return KernelConfig::kSm90CooperativeWide_64x512x32_1x1x1;
     }
     return cooperative ? KernelConfig::kSm90Cooperative_128x256x64_1x1x1 : KernelConfig::kSm90Pingpong_64x256x64_1x1x1;

@@ -252,31 +252,38 @@ def test_heuristic_picks_small_m_tiles_unless_experts_have_thousands_of_rows(t, 
     assert cutlass_moe.select_config(t, e, n, k, backend="grouped") == ("grouped", expect)
 
 
+WIDE_TILE = "sm90_cooperative_wide_64x512x32_1x1x1"
+
+
 # The rule fitted on benchmarks/sweep_h200.json (heuristics.cpp): the cooperative tile from 768 rows
-# per expert (bf16, K >= 256: it defers its stores), from 256 with 32 or more experts whose weights
-# hold 8M elements or more, and below with deep K among many experts, where the wide tile takes
-# its place below 256 rows (32 or more experts, fast DRAM, (E, K, N) weights, N a multiple of 512).
+# per expert (bf16, K >= 256: it defers its stores), from 256 with 32 or more experts, and below with
+# deep K among many experts. The wide tile (fast DRAM, (E, K, N) weights, N padded no more by 512
+# columns than by 256) takes the cooperative tile's place below 256 rows among 32 or more experts,
+# and the pingpong tile's from 65 to 767 rows among fewer experts with N >= 16384.
 @pytest.mark.parametrize("t,e,n,k,expect", [
     (1024, 256, 4096, 7168, "sm90_pingpong_64x256x64_1x1x1"),       # dsv3-decode
+    (64, 8, 28672, 4096, "sm90_pingpong_64x256x64_1x1x1"),          # mixtral-decode: 8 rows/expert
     (24576, 128, 1024, 1024, "sm90_pingpong_64x256x64_1x1x1"),      # seed000-g128: 192 rows/expert
     (32768, 128, 1536, 192, "sm90_pingpong_64x256x64_1x1x1"),       # 256 rows/expert, K = 192: no deferral
-    (32768, 128, 1536, 2048, "sm90_pingpong_64x256x64_1x1x1"),      # qwen3-30b-prefill: 256 rows/expert
+    (32768, 128, 1536, 2048, "sm90_cooperative_128x256x64_1x1x1"),  # qwen3-30b-prefill: 256 rows/expert
+    (24576, 64, 1024, 1024, "sm90_cooperative_128x256x64_1x1x1"),   # seed000-g64: 384 rows/expert
     (24576, 32, 1024, 1024, "sm90_cooperative_128x256x64_1x1x1"),   # seed000-g32: 768 rows/expert
-    (8192, 8, 28672, 4096, "sm90_cooperative_128x256x64_1x1x1"),    # mixtral-prefill: 8 experts
-    (4096, 16, 16384, 5120, "sm90_pingpong_64x256x64_1x1x1"),       # seed001-llama4: 16 experts, 256 rows
+    (8192, 8, 28672, 4096, "sm90_cooperative_128x256x64_1x1x1"),    # mixtral-prefill: 8 experts, 1024 rows
+    (4096, 16, 16384, 5120, WIDE_TILE),                             # seed001-llama4: 16 experts, 256 rows
+    (3072, 8, 28672, 4096, WIDE_TILE),                              # Mixtral gate/up: 384 rows, 8 experts
+    (4096, 8, 4096, 14336, "sm90_pingpong_64x256x64_1x1x1"),        # Mixtral down at 512 rows: N < 16384
     (24576, 8, 1024, 1024, "sm90_cooperative_128x256x64_1x1x1"),    # seed000-g8: 3072 rows/expert, K = 1024
     (30720, 12, 3072, 1024, "sm90_cooperative_128x256x64_1x1x1"),   # seed004-uniform: 2560 rows/expert
-    (32768, 256, 4096, 7168, "sm90_cooperative_wide_64x512x32_1x1x1"),  # dsv3-prefill: deep K, 128 rows/expert
-    (16384, 128, 3072, 4096, "sm90_cooperative_wide_64x512x32_1x1x1"),  # Qwen3-235B gate/up, 128 rows/expert
-    (16384, 128, 5760, 2880, "sm90_cooperative_128x256x64_1x1x1"),  # gptoss-120b-prefill: N not a multiple of 512
+    (32768, 256, 4096, 7168, WIDE_TILE),                            # dsv3-prefill: deep K, 128 rows/expert
+    (16384, 128, 3072, 4096, WIDE_TILE),                            # Qwen3-235B gate/up, 128 rows/expert
+    (16384, 128, 2880, 2880, WIDE_TILE),                            # gpt-oss-120b down: 12 columns of 256, 6 of 512
+    (16384, 128, 5760, 2880, "sm90_cooperative_128x256x64_1x1x1"),  # gptoss-120b-prefill: 23 of 256, 12 of 512
     (65536, 256, 4096, 7168, "sm90_cooperative_128x256x64_1x1x1"),  # dsv3 gate/up at 256 rows/expert
     (16384, 128, 5760, 1024, "sm90_pingpong_64x256x64_1x1x1"),      # 128 rows/expert, K = 1024
     (16384, 32, 5760, 2880, "sm90_cooperative_128x256x64_1x1x1"),   # gpt-oss-20b: 32 experts, 512 rows/expert
     (262144, 64, 2816, 2048, "sm90_cooperative_128x256x64_1x1x1"),  # 4096 rows/expert, K = 2048
-    (32768, 64, 2048, 2048, "sm90_pingpong_64x256x64_1x1x1"),       # OLMoE gate/up: 512 rows, 4M weights
-    (49152, 64, 2048, 2048, "sm90_cooperative_128x256x64_1x1x1"),   # the same at 768 rows/expert
-    (65536, 256, 7168, 2048, "sm90_cooperative_128x256x64_1x1x1"),  # DeepSeek-V3 down: 256 rows, 14.7M weights
-    (3072, 8, 28672, 4096, "sm90_pingpong_64x256x64_1x1x1"),        # Mixtral gate/up: 384 rows, 8 experts
+    (32768, 64, 2048, 2048, "sm90_cooperative_128x256x64_1x1x1"),   # OLMoE gate/up: 512 rows/expert
+    (65536, 256, 7168, 2048, "sm90_cooperative_128x256x64_1x1x1"),  # DeepSeek-V3 down: 256 rows/expert
 ])
 def test_moe_heuristic_takes_128_row_tiles_with_deep_k_among_many_experts_or_thousands_of_rows(t, e, n, k, expect):
     # device=-1: the rule as fitted (an H200's DRAM); the H100's exception is tested on the GPU.

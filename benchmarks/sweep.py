@@ -17,7 +17,8 @@ To run on the GPU machine (after the build):
   python3 benchmarks/sweep.py [--models a,b] [--rows 16,128,1024] [--splits uniform,random,skewed]
                               [--out sweep.json] [--start N] [--limit N] [--families moe,grouped]
 To judge a stored table with the installed heuristic (no GPU): python3 benchmarks/sweep.py --judge
-benchmarks/sweep_h200.json (the heuristic in cpp/heuristics.cpp was fitted on that table).
+benchmarks/sweep_h200.json (the heuristic in cpp/heuristics.cpp was fitted on that table, and its
+slower-DRAM exceptions on benchmarks/sweep_h100.json: judge that one on an H100 with --judge-device 0).
 """
 from __future__ import annotations
 
@@ -108,13 +109,14 @@ DEFAULT_CONFIGS = ("moe:sm90_pingpong_64x256x64_1x1x1", "moe:sm90_cooperative_12
                    "grouped:sm90_pingpong_64x256x64_1x1x1", "grouped:sm90_cooperative_128x256x64_1x2x1")
 
 
-def judge(rows: List[dict], configs) -> List[dict]:
-    """The rows with the installed heuristic's pick (select_config, no GPU needed) and its time, and
-    only the given configs' times: a stored table judged again after the heuristic changed."""
+def judge(rows: List[dict], configs, device: int = -1) -> List[dict]:
+    """The rows with the installed heuristic's pick (select_config on `device`; -1, the default,
+    takes the H200's rule and needs no GPU) and its time, and only the given configs' times: a
+    stored table judged again after the heuristic changed."""
     import cutlass_moe
     judged = []
     for r in rows:
-        pick = ":".join(cutlass_moe.select_config(r["T"], r["E"], r["N"], r["K"], device=-1))
+        pick = ":".join(cutlass_moe.select_config(r["T"], r["E"], r["N"], r["K"], device=device))
         times = {c: t for c, t in r["times"].items() if c in configs}
         judged.append({**r, "times": times, "heuristic": pick, "heuristic_ms": times.get(pick)})
     return judged
@@ -144,12 +146,15 @@ def main() -> int:
     parser.add_argument("--judge", metavar="TABLE",
                         help="no timing: judge a stored table (e.g. benchmarks/sweep_h200.json) with the "
                              "installed heuristic, against the default build's configs")
+    parser.add_argument("--judge-device", type=int, default=-1,
+                        help="the CUDA device whose rule --judge applies (-1: the H200's, no GPU needed; "
+                             "benchmarks/sweep_h100.json is judged on an H100 with 0)")
     args = parser.parse_args()
 
     if args.judge:
         with open(args.judge) as f:
             table = json.load(f)
-        summary = summarize(judge(table["shapes"], DEFAULT_CONFIGS), args.min_floor_us)
+        summary = summarize(judge(table["shapes"], DEFAULT_CONFIGS, args.judge_device), args.min_floor_us)
         print(json.dumps(summary, indent=1))
         return 0
 

@@ -86,9 +86,14 @@ KernelConfig select_config(const MoeGemmProblem& problem, Backend backend, int d
     const bool fast_dram = device < 0 || device_facts(device).dram_tbps >= 4.0;
     const bool deferred_wins =
         defer_cooperative_stores(problem) && (rows_per_expert >= 768 || problem.num_experts >= 32);
+    // Slower DRAM favours the cooperative tile's single read of each weight tile at shallower K too:
+    // on an H100 from K = 1408 (benchmarks/sweep_h100.json: 72 shapes of 96-192 rows per expert
+    // among 60-256 experts, 2.5% faster in geomean, up to 21% on uneven splits, 1-4% slower on even
+    // ones; the same shapes on the H200 run 5% slower).
+    const int64_t deep_k = fast_dram ? 2560 : 1408;
     const bool cooperative = deferred_wins || (rows_per_expert >= 2048
                                               ? problem.k >= 1536
-                                              : rows_per_expert > 64 && problem.k >= 2560 &&
+                                              : rows_per_expert > 64 && problem.k >= deep_k &&
                                                     (problem.num_experts >= 32 || !fast_dram));
     // The wide tile (64 rows, 512 columns, its two consumers sharing each x box) pads each expert as
     // the pingpong tile does and reads each x box once per 512 columns. On fast DRAM, with (E, K, N)

@@ -275,7 +275,7 @@ def test_launches_per_call(backend, launches, new_output):
         assert "MoeGemmKernel" in names[0], names
 
 
-def test_few_experts_pick_follows_the_dram():
+def test_picks_that_follow_the_dram():
     # Few experts with deep K and wide N, below 768 rows each (Mixtral at 128 rows per expert, Llama 4
     # Scout at 128 and 256): the 64-row wide tile where DRAM is fast (the H200, and device=-1), the
     # 128-row cooperative tile on an H100 (heuristics.cpp). From 768 rows per expert (Mixtral's
@@ -288,6 +288,11 @@ def test_few_experts_pick_follows_the_dram():
         assert cutlass_moe.select_config(t, e, n, k, backend="moe") == ("moe", expect)
         assert cutlass_moe.select_config(t, e, n, k, backend="moe", device=-1) == ("moe", WIDE)
     assert cutlass_moe.select_config(8192, 8, 28672, 4096, backend="moe") == ("moe", "sm90_cooperative_128x256x64_1x1x1")
+    # Many experts below 256 rows each with K from 1408 to 2559 (Qwen3-30B's gate/up at 192 rows):
+    # the cooperative tile on an H100, the pingpong tile where DRAM is fast.
+    shallow = "sm90_cooperative_128x256x64_1x1x1" if "H100" in name else "sm90_pingpong_64x256x64_1x1x1"
+    assert cutlass_moe.select_config(24576, 128, 1536, 2048, backend="moe") == ("moe", shallow)
+    assert cutlass_moe.select_config(24576, 128, 1536, 2048, backend="moe", device=-1)[1] == "sm90_pingpong_64x256x64_1x1x1"
     # Many experts are unaffected: gpt-oss-120b prefill takes the cooperative tile on both.
     assert cutlass_moe.select_config(16384, 128, 5760, 2880, backend="moe")[1] == "sm90_cooperative_128x256x64_1x1x1"
 

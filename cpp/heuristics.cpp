@@ -106,7 +106,9 @@ KernelConfig select_config(const MoeGemmProblem& problem, Backend backend, int d
     //   or more (Mixtral's and Llama 4 Scout's gate/up projections: 3% faster in geomean over 42
     //   shapes of the sweep).
     // It reads each weight tile once per 64 rows, as the pingpong tile does, which an H100's DRAM
-    // made the slower choice for few experts; it has not been timed on an H100, whose picks stay.
+    // makes costly: on the 90 shapes of benchmarks/sweep_h100.json where the H200 takes it, it is
+    // 2.5% slower in geomean than the H100's best other config (dsv3-prefill: 45% behind the
+    // cooperative tile; benchmarks/NOTES.md, "The heuristic refitted on the sweep with the wide tile").
     const bool wide_fits = fast_dram && problem.weight_layout == WeightLayout::kKN && (problem.n + 255) / 256 % 2 == 0;
     const bool wide_for_cooperative = cooperative && rows_per_expert < 256 && problem.num_experts >= 32;
     const bool wide_for_pingpong = !cooperative && problem.num_experts < 32 && problem.n >= 16384 &&

@@ -109,7 +109,8 @@ KernelConfig select_config(const MoeGemmProblem& problem, Backend backend, int d
     // makes costly: on the 90 shapes of benchmarks/sweep_h100.json where the H200 takes it, it is
     // 2.5% slower in geomean than the H100's best other config (dsv3-prefill: 45% behind the
     // cooperative tile; benchmarks/NOTES.md, "The heuristic refitted on the sweep with the wide tile").
-    const bool wide_fits = fast_dram && problem.weight_layout == WeightLayout::kKN && (problem.n + 255) / 256 % 2 == 0;
+    const bool pads_n_as_256 = (problem.n + 511) / 512 * 2 == (problem.n + 255) / 256;  // 512-column tiles
+    const bool wide_fits = fast_dram && problem.weight_layout == WeightLayout::kKN && pads_n_as_256;
     const bool wide_for_cooperative = cooperative && rows_per_expert < 256 && problem.num_experts >= 32;
     const bool wide_for_pingpong = !cooperative && problem.num_experts < 32 && problem.n >= 16384 &&
                                    rows_per_expert > 64 && rows_per_expert < 768;

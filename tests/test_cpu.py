@@ -483,7 +483,7 @@ def test_time_configs_alternates_rounds_and_takes_the_median(monkeypatch):
         tuning.time_configs(x, w, torch.tensor([4]), False, pairs, 1.0, 1.0, rounds=0)
 
 
-def test_sweep_shapes_splits_and_summary():
+def test_sweep_shapes_splits_and_summary(monkeypatch):
     # benchmarks/sweep.py (issue 12's heuristic sweep): its splits sum to T, the skewed one gives
     # one expert half of the rows, and the summary judges the heuristic over the shapes above the floor.
     import importlib.util
@@ -520,3 +520,7 @@ def test_sweep_shapes_splits_and_summary():
     assert judged[0]["heuristic"] == pick and judged[0]["heuristic_ms"] == 2.9
     assert "moe:extra_tile" not in judged[0]["times"]
     assert sweep.summarize(judged, min_floor_us=50.0)["heuristic_within_5pct"] == 1.0
+    # --judge-device: the pick is that device's rule (an H100's table is judged on an H100).
+    asked = []
+    monkeypatch.setattr(cutlass_moe, "select_config", lambda *a, device=None: asked.append(device) or ("moe", "x"))
+    assert sweep.judge(stored, sweep.DEFAULT_CONFIGS, device=3)[0]["heuristic"] == "moe:x" and asked == [3]

@@ -5,7 +5,8 @@ the best built config on each.
 Shapes: the expert projections of real MoE models (gate/up: K = hidden, N = 2 x intermediate;
 down: K = intermediate, N = hidden), at several average rows per expert, with three splits of the
 rows: uniform, random (the bench's recipe: torch.rand(E) normalized) and skewed (one expert holds
-half of the rows, the rest random). bf16, (E, K, N) weights.
+half of the rows, the rest random). bf16, (E, K, N) weights, or (E, N, K) with --trans-b (the
+layout of nn.Linear-style weights, and the dgrad's view of (E, K, N) weights).
 
 For each shape the table (JSON) holds every config's ms, the heuristic's choice and ms, and the
 floor (max(FLOPs / 790 TFLOP/s, bytes / 4.36 TB/s), the bytes being x, the weights of experts with
@@ -109,22 +110,22 @@ DEFAULT_CONFIGS = ("moe:sm90_pingpong_64x256x64_1x1x1", "moe:sm90_cooperative_12
                    "grouped:sm90_pingpong_64x256x64_1x1x1", "grouped:sm90_cooperative_128x256x64_1x2x1")
 
 
-def judge(rows: List[dict], configs, device: int = -1) -> List[dict]:
+def judge(rows: List[dict], configs, device: int = -1, trans_b: bool = False) -> List[dict]:
     """The rows with the installed heuristic's pick (select_config on `device`; -1, the default,
     takes the H200's rule and needs no GPU) and its time, and only the given configs' times: a
     stored table judged again after the heuristic changed."""
     import cutlass_moe
     judged = []
     for r in rows:
-        pick = ":".join(cutlass_moe.select_config(r["T"], r["E"], r["N"], r["K"], device=device))
+        pick = ":".join(cutlass_moe.select_config(r["T"], r["E"], r["N"], r["K"], device=device, trans_b=trans_b))
         times = {c: t for c, t in r["times"].items() if c in configs}
         judged.append({**r, "times": times, "heuristic": pick, "heuristic_ms": times.get(pick)})
     return judged
 
 
-def write(path: str, pairs, rows: List[dict], summary) -> None:
+def write(path: str, pairs, rows: List[dict], summary, trans_b: bool) -> None:
     with open(path, "w") as f:
-        json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+        json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "trans_b": trans_b,
                    "configs": [f"{b}:{c}" for b, c in pairs], "summary": summary, "shapes": rows}, f, indent=1)
 
 
@@ -143,6 +144,9 @@ def main() -> int:
     parser.add_argument("--rep-ms", type=float, default=25.0)
     parser.add_argument("--rounds", type=int, default=3,
                         help="timings of each config per shape, in alternating order (median)")
+    parser.add_argument("--trans-b", action="store_true",
+                        help="weights stored (E, N, K), K contiguous (moe_gemm's trans_b; the dgrad's view of "
+                             "(E, K, N) weights) instead of (E, K, N)")
     parser.add_argument("--judge", metavar="TABLE",
                         help="no timing: judge a stored table (e.g. benchmarks/sweep_h200.json) with the "
                              "installed heuristic, against the default build's configs")
@@ -154,7 +158,8 @@ def main() -> int:
     if args.judge:
         with open(args.judge) as f:
             table = json.load(f)
-        summary = summarize(judge(table["shapes"], DEFAULT_CONFIGS, args.judge_device), args.min_floor_us)
+        summary = summarize(judge(table["shapes"], DEFAULT_CONFIGS, args.judge_device, table.get("trans_b", False)),
+                            args.min_floor_us)
         print(json.dumps(summary, indent=1))
         return 0
 
@@ -162,7 +167,7 @@ def main() -> int:
     from cutlass_moe import tuning
     os.environ["CUTLASS_MOE_TUNING"] = "0"  # the heuristic's own choices, whatever was tuned here
     families = args.families.split(",")
-    pairs = [(b, c) for b, c in tuning.candidates(torch.bfloat16, trans_b=False) if b in families]
+    pairs = [(b, c) for b, c in tuning.candidates(torch.bfloat16, trans_b=args.trans_b) if b in families]
     todo = list(shapes(args.models.split(","), [int(r) for r in args.rows.split(",")], args.splits.split(",")))
     todo = todo[args.start:]
     if args.limit:
@@ -174,11 +179,12 @@ def main() -> int:
         for i, shape in enumerate(todo, start=args.start):
             counts = split_counts(shape["E"], shape["T"], shape["split"], seed=i)
             x = torch.randn(shape["T"], shape["K"], device="cuda", dtype=torch.bfloat16, generator=gen)
-            w = torch.randn(shape["E"], shape["K"], shape["N"], device="cuda", dtype=torch.bfloat16,
-                            generator=gen) * shape["K"] ** -0.5
-            times = tuning.time_configs(x, w, counts.cuda(), False, pairs, args.warmup_ms, args.rep_ms,
+            dims = (shape["N"], shape["K"]) if args.trans_b else (shape["K"], shape["N"])
+            w = torch.randn(shape["E"], *dims, device="cuda", dtype=torch.bfloat16, generator=gen) * shape["K"] ** -0.5
+            times = tuning.time_configs(x, w, counts.cuda(), args.trans_b, pairs, args.warmup_ms, args.rep_ms,
                                         args.rounds)
-            heuristic = ":".join(cutlass_moe.select_config(shape["T"], shape["E"], shape["N"], shape["K"]))
+            heuristic = ":".join(cutlass_moe.select_config(shape["T"], shape["E"], shape["N"], shape["K"],
+                                                           trans_b=args.trans_b))
             row = {**shape, "floor_us": floor_us(shape, counts), "times": times, "heuristic": heuristic,
                    "heuristic_ms": times.get(heuristic)}
             rows.append(row)
@@ -190,9 +196,9 @@ def main() -> int:
             del x, w
             torch.cuda.empty_cache()
             if i % 10 == 9:  # a run cut short still leaves its table
-                write(args.out, pairs, rows, None)
+                write(args.out, pairs, rows, None, args.trans_b)
     summary = summarize(rows, args.min_floor_us)
-    write(args.out, pairs, rows, summary)
+    write(args.out, pairs, rows, summary, args.trans_b)
     print(json.dumps(summary, indent=1))
     return 0
 

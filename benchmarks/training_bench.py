@@ -15,7 +15,8 @@ trained with torch.compile, and host time per call, each against torch._grouped_
   hostparts  each step of the no-grad moe_gemm call timed alone (not in the default parts).
 
 The shapes are the public prefill cases' (qwen3-30b, dsv3, mixtral, gpt-oss), bf16, with their
-tokens_per_expert from cutlass_moe.bench. Times: triton.testing.do_bench medians (via bench._do_bench).
+tokens_per_expert from cutlass_moe.bench. Times (wgrad, fwdbwd): the median over --rounds alternating
+rounds of triton.testing.do_bench medians (bench.median_of_rounds).
 
 To run (on the GPU machine): python3 benchmarks/training_bench.py [--parts wgrad,fwdbwd,train,host]
 """
@@ -72,7 +73,7 @@ def wgrad_floor_ms(t, k, n, experts, write_tbps):
     return max(flops_ms, bytes_ms)
 
 
-def part_wgrad(cases, counts_by_case, write_tbps, moe_configs=()):
+def part_wgrad(cases, counts_by_case, write_tbps, moe_configs=(), rounds=5):
     print(f"\nwgrad (write bandwidth measured: {write_tbps:.2f} TB/s)")
     print(f"{'shape':<20} {'zero E':>6} {'ours ms':>8} {'torch ms':>8} {'speedup':>7} {'floor ms':>8} {'%floor':>7} "
           f"{'fp32 acc ms':>11} {'rel err':>8}")
@@ -100,11 +101,9 @@ def part_wgrad(cases, counts_by_case, write_tbps, moe_configs=()):
         for c in moe_configs:  # bitwise: the same reduction order, whatever the tile
             assert torch.equal(configs[c](), got), (name, c)
         del got
-        times = {}
-        runners = [ours, theirs, acc] + (list(configs.values()) if len(configs) > 1 else [])
-        for order in (runners, runners[::-1]):
-            for fn in order:
-                times[fn] = min(times.get(fn, math.inf), bench._do_bench(fn, 25, 100))
+        runners = {"ours": ours, "theirs": theirs, "acc": acc, **(configs if len(configs) > 1 else {})}
+        by_name = bench.median_of_rounds(runners, rounds)
+        times = {fn: by_name[name] for name, fn in runners.items()}
         active = int((counts > 0).sum())
         floor = wgrad_floor_ms(t, k, n, active, write_tbps)
         fractions.append(floor / times[ours])
@@ -117,8 +116,9 @@ def part_wgrad(cases, counts_by_case, write_tbps, moe_configs=()):
     print(f"floor fraction: geomean {geo:.2f}, min {min(fractions):.2f}")
 
 
-def part_fwdbwd(cases, counts_by_case):
-    print("\nforward + backward of one GEMM (y, dx, dW)")
+def part_fwdbwd(cases, counts_by_case, rounds=5, by_part=False):
+    print("\nforward + backward of one GEMM (y, dx, dW)"
+          + ("; then each part alone: forward, dgrad, wgrad (ours / torch's ms)" if by_part else ""))
     print(f"{'shape':<20} {'ours ms':>8} {'torch ms':>8} {'speedup':>7}")
     speedups = []
     for name in SHAPES:
@@ -135,12 +135,20 @@ def part_fwdbwd(cases, counts_by_case):
             xg.grad = wg.grad = None
             torch._grouped_mm(xg, wg, offs=offs).backward(dy)
 
-        times = {}
-        for order in ((ours, theirs), (theirs, ours)):
-            for fn in order:
-                times[fn] = min(times.get(fn, math.inf), bench._do_bench(fn, 25, 100))
-        speedups.append(times[theirs] / times[ours])
-        print(f"{name:<20} {times[ours]:8.3f} {times[theirs]:8.3f} {speedups[-1]:7.2f}")
+        runners = {"ours": ours, "theirs": theirs}
+        if by_part:  # the three GEMMs each autograd runs, alone (no grad recorded)
+            runners.update({
+                "ours fwd": lambda: cutlass_moe.moe_gemm(x, w, counts_gpu),
+                "theirs fwd": lambda: torch._grouped_mm(x, w, offs=offs),
+                "ours dgrad": lambda: cutlass_moe.moe_gemm(dy, w, counts_gpu, trans_b=True),
+                "theirs dgrad": lambda: torch._grouped_mm(dy, w.transpose(-2, -1), offs=offs),
+                "ours wgrad": lambda: cutlass_moe.moe_gemm_wgrad(x, dy, counts_gpu),
+                "theirs wgrad": lambda: torch._grouped_mm(x.t(), dy, offs=offs)})
+        times = bench.median_of_rounds(runners, rounds)
+        speedups.append(times["theirs"] / times["ours"])
+        print(f"{name:<20} {times['ours']:8.3f} {times['theirs']:8.3f} {speedups[-1]:7.2f}"
+              + "".join(f"  {p} {times['ours ' + p]:.3f} / {times['theirs ' + p]:.3f}"
+                        for p in (("fwd", "dgrad", "wgrad") if by_part else ())))
         del xg, wg, x, w, dy
         torch.cuda.empty_cache()
     geo = math.exp(sum(math.log(s) for s in speedups) / len(speedups))
@@ -367,6 +375,10 @@ def main():
     parser.add_argument("--parts", default="wgrad,fwdbwd,train,host")
     parser.add_argument("--wgrad-configs", default=None,
                         help="wgrad: also time the moe family with each of these configs forced (comma-separated)")
+    parser.add_argument("--rounds", type=int, default=5,
+                        help="wgrad, fwdbwd: each time is the median of this many alternating rounds")
+    parser.add_argument("--by-part", action="store_true",
+                        help="fwdbwd: also time the forward, dgrad and wgrad alone, in the same rounds")
     parser.add_argument("--fused-adamw", action="store_true",
                         help="train with AdamW(fused=True) instead of torch's default (foreach)")
     parser.add_argument("--profile", action="store_true",
@@ -378,9 +390,9 @@ def main():
     print(f"training_bench on {torch.cuda.get_device_name()}, torch {torch.__version__}")
     if "wgrad" in parts:
         part_wgrad(cases, counts_by_case, write_bandwidth(),
-                   [c for c in args.wgrad_configs.split(",") if c] if args.wgrad_configs else ())
+                   [c for c in args.wgrad_configs.split(",") if c] if args.wgrad_configs else (), args.rounds)
     if "fwdbwd" in parts:
-        part_fwdbwd(cases, counts_by_case)
+        part_fwdbwd(cases, counts_by_case, args.rounds, args.by_part)
     if "train" in parts:
         part_train(profile=args.profile, fused_adamw=args.fused_adamw)
     if "host" in parts:

@@ -152,10 +152,8 @@ const Instance& find_instance(const MoeGemmProblem& p, Backend backend, KernelCo
 }
 
 // The wgrad instance of `backend` for the problem's dtypes on `device`. kAuto: the first built one
-// that runs there, in the table's order (sm90 MoE, sm90 grouped, sm80 grouped), except that an
-// accumulating call prefers the sm90 grouped family: the MoE kernel adds with TMA reduce-add, 1.3-1.4x
-// slower than the grouped family's read-add-write epilogue on the public prefill shapes
-// (benchmarks/NOTES.md).
+// that runs there, in the table's order (sm90 MoE, sm90 grouped, sm80 grouped), except that the sm90
+// grouped family comes first where select_wgrad_backend takes it (heuristics.cpp).
 const WgradInstance& find_wgrad_instance(const MoeWgradProblem& p, Backend backend, KernelConfig config,
                                          int device) {
   CUTLASS_MOE_CHECK_ARG(backend == Backend::kAuto || backend == Backend::kMoe || backend == Backend::kGrouped ||
@@ -163,13 +161,14 @@ const WgradInstance& find_wgrad_instance(const MoeWgradProblem& p, Backend backe
                         "backend: the wgrad families are 'auto', 'moe' and 'grouped' (sm90) and 'sm80_grouped', got '"
                             << backend_name(backend) << "'");
   const int cc = device_facts(device).cc;
+  const bool grouped_first = backend == Backend::kAuto && select_wgrad_backend(p) == Backend::kGrouped;
   const WgradInstance* found = nullptr;
   for (const WgradInstance& inst : wgrad_instances()) {
     if (inst.dtype != p.dtype || inst.out_dtype != p.out_dtype) continue;
     if (!runs_on(inst.backend, cc)) continue;
     if (backend != Backend::kAuto && inst.backend != backend) continue;
     if (config != KernelConfig::kAuto && inst.config != config) continue;
-    const bool preferred = !(backend == Backend::kAuto && p.accumulate) || inst.backend == Backend::kGrouped;
+    const bool preferred = !grouped_first || inst.backend == Backend::kGrouped;
     if (!found || preferred) found = &inst;
     if (preferred) break;
   }

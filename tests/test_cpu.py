@@ -290,6 +290,33 @@ def test_moe_heuristic_takes_128_row_tiles_with_deep_k_among_many_experts_or_tho
     assert cutlass_moe.select_config(t, e, n, k, backend="moe", device=-1) == ("moe", expect)
 
 
+def test_heuristic_sees_the_weights_layout_and_the_dtype():
+    # The wide tile is built for (E, K, N) weights only: with trans_b the pingpong tile keeps its place.
+    assert cutlass_moe.select_config(4096, 16, 16384, 5120, device=-1) == ("moe", WIDE_TILE)
+    assert cutlass_moe.select_config(4096, 16, 16384, 5120, device=-1, trans_b=True) == (
+        "moe", "sm90_pingpong_64x256x64_1x1x1")
+    # The cooperative tile defers its stores in bf16 only: fp16 at 256 rows per expert with K < 2560
+    # keeps the pingpong tile (qwen3-30b-prefill's shape).
+    assert cutlass_moe.select_config(32768, 128, 1536, 2048, device=-1) == ("moe", "sm90_cooperative_128x256x64_1x1x1")
+    assert cutlass_moe.select_config(32768, 128, 1536, 2048, device=-1, dtype=torch.float16) == (
+        "moe", "sm90_pingpong_64x256x64_1x1x1")
+    with pytest.raises(TypeError, match="dtype"):
+        cutlass_moe.select_config(64, 8, 64, 64, device=-1, dtype=torch.float32)
+
+
+def test_wgrad_family_by_rows_per_expert():
+    # benchmarks/wgrad_sweep_h200.json: the MoE wgrad kernel up to 1023 rows per expert, CUTLASS's
+    # grouped GEMM from 1024 on, and whenever accumulating.
+    def family(t, e, accumulate=False):
+        return ops._BACKEND_NAMES[_C.select_wgrad(t, e, accumulate)]
+    assert family(32768, 128) == "moe"        # qwen3-30b-prefill: 256 rows per expert
+    assert family(1023 * 64, 64) == "moe"
+    assert family(8192, 8) == "grouped"       # mixtral-prefill: 1024 rows per expert
+    assert family(262144, 64) == "grouped"
+    assert family(32768, 128, accumulate=True) == "grouped"
+    assert family(0, 0) == "moe"
+
+
 def test_moe_backend_config_and_auto_backend_resolve():
     assert cutlass_moe.select_config(1024, 256, 4096, 7168, device=-1) == ("moe", "sm90_pingpong_64x256x64_1x1x1")
     for t, e, n, k in [(32768, 256, 4096, 7168), (8192, 8, 28672, 4096), (16384, 128, 5760, 2880),
@@ -522,5 +549,6 @@ def test_sweep_shapes_splits_and_summary(monkeypatch):
     assert sweep.summarize(judged, min_floor_us=50.0)["heuristic_within_5pct"] == 1.0
     # --judge-device: the pick is that device's rule (an H100's table is judged on an H100).
     asked = []
-    monkeypatch.setattr(cutlass_moe, "select_config", lambda *a, device=None: asked.append(device) or ("moe", "x"))
+    monkeypatch.setattr(cutlass_moe, "select_config",
+                        lambda *a, device=None, **kw: asked.append(device) or ("moe", "x"))
     assert sweep.judge(stored, sweep.DEFAULT_CONFIGS, device=3)[0]["heuristic"] == "moe:x" and asked == [3]

@@ -224,8 +224,11 @@ PYBIND11_MODULE(_C, m) {
   });
 
   // The heuristics' picks for these sizes: (backend, config), with backend kAuto resolved first.
-  m.def("select", [](int64_t num_tokens, int64_t num_experts, int64_t n, int64_t k, int backend, int device) {
+  m.def("select", [](int64_t num_tokens, int64_t num_experts, int64_t n, int64_t k, int backend, int device,
+                     int dtype, int weight_layout) {
     MoeGemmProblem p;
+    p.dtype = static_cast<DType>(dtype);
+    p.weight_layout = static_cast<WeightLayout>(weight_layout);
     p.num_tokens = num_tokens;
     p.num_experts = num_experts;
     p.n = n;
@@ -233,6 +236,15 @@ PYBIND11_MODULE(_C, m) {
     Backend b = static_cast<Backend>(backend);
     if (b == Backend::kAuto) b = select_backend(p, device);
     return std::make_pair(static_cast<int>(b), static_cast<int>(select_config(p, b, device)));
+  });
+
+  // The sm90 wgrad family backend="auto" takes (select_wgrad_backend).
+  m.def("select_wgrad", [](int64_t num_tokens, int64_t num_experts, bool accumulate) {
+    MoeWgradProblem p;
+    p.num_tokens = num_tokens;
+    p.num_experts = num_experts;
+    p.accumulate = accumulate;
+    return static_cast<int>(select_wgrad_backend(p));
   });
 
   m.def("expert_row_ranges", [](const std::vector<int64_t>& counts, int64_t num_tokens) {

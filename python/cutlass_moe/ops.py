@@ -121,16 +121,22 @@ def _on_device(device: int, fn, *args) -> None:
 
 
 def select_config(num_tokens: int, num_experts: int, n: int, k: int, backend: str = "auto",
-                  device: Optional[int] = None) -> Tuple[str, str]:
+                  device: Optional[int] = None, *, trans_b: bool = False,
+                  dtype: torch.dtype = torch.bfloat16) -> Tuple[str, str]:
     """The heuristic's (backend, config) for ``backend=backend, config="auto"`` at these sizes on
-    ``device`` (default: the current CUDA device, or an sm90 one where there is none): a choice
-    from the architecture, T/E, N and K alone, never the counts. A shape :func:`cutlass_moe.tune`
-    has timed takes tune's choice instead (with backend and config both "auto")."""
+    ``device`` (default: the current CUDA device, or an sm90 one where there is none), for weights
+    stored as :func:`moe_gemm`'s ``trans_b`` says and x of ``dtype``: a choice from the
+    architecture, T/E, N, K, the weights' layout and the dtype alone, never the counts. A shape
+    :func:`cutlass_moe.tune` has timed takes tune's choice instead (with backend and config both
+    "auto")."""
     if backend not in _BACKENDS:
         raise ValueError(f"backend: expected one of {sorted(_BACKENDS)}, got {backend!r}")
+    if dtype not in _DTYPES:
+        raise TypeError(f"dtype: expected torch.bfloat16 or torch.float16, got {dtype}")
     if device is None:
         device = torch.cuda.current_device() if torch.cuda.is_available() else -1
-    b, c = _C.select(num_tokens, num_experts, n, k, _BACKENDS[backend], device)
+    b, c = _C.select(num_tokens, num_experts, n, k, _BACKENDS[backend], device, _DTYPES[dtype],
+                     _LAYOUTS["nk" if trans_b else "kn"])
     return _BACKEND_NAMES[b], _CONFIG_NAMES[c]
 
 

@@ -191,7 +191,8 @@ def tune(problems: Iterable[Problem], *, dtype: torch.dtype = torch.bfloat16, tr
             if not times:
                 raise RuntimeError(f"tune: no built kernel runs T={num_tokens} E={num_experts} K={k} N={n} here")
             best = min(times, key=times.get)
-            heuristic = ":".join(select_config(num_tokens, num_experts, n, k, device=device))
+            heuristic = ":".join(select_config(num_tokens, num_experts, n, k, device=device, trans_b=trans_b,
+                                               dtype=dtype))
             entry = {"backend": best.split(":")[0], "config": best.split(":")[1], "ms": times[best],
                      "heuristic": heuristic, "heuristic_ms": times.get(heuristic)}
             new[_key(dtype_name, layout, num_tokens, num_experts, n, k)] = entry

@@ -130,16 +130,14 @@ KernelConfig select_config(const MoeGemmProblem& problem, Backend backend, int d
   return KernelConfig::kSm90Pingpong_64x256x64_1x1x1;
 }
 
-// Fitted on benchmarks/wgrad_sweep_h200.json (11 models' expert projections, 128 to 4096 rows per
-// expert, even and random splits, (E, K, N) dW): the grouped family's time over the MoE kernel's is
-// 1.29 in geomean at 128 rows per expert, 1.04 at 512, 0.97 at 1024 (faster on 34 of 44 shapes),
-// 0.94 at 1536, 0.93 at 2048 and 0.89 at 4096 (benchmarks/NOTES.md, "The wgrad's family by rows per
-// expert"). Accumulating, the MoE kernel adds with TMA reduce-add, 1.3-1.4x slower than the grouped
-// family's read-add-write epilogue on the public prefill shapes.
+// The MoE kernel everywhere but when accumulating: it adds with TMA reduce-add, 1.3-1.4x slower than
+// the grouped family's read-add-write epilogue on the public prefill shapes. Without accumulation it
+// is the faster family on benchmarks/wgrad_sweep_h200.json (11 models' expert projections, 128 to
+// 4096 rows per expert): 6-25% ahead of the grouped family from 128 to 4096 rows (benchmarks/NOTES.md,
+// "The wgrad's guarded MMAs"). Before its loop issued the last K block's MMAs apart, the grouped
+// family was ahead from 1024 rows per expert on.
 Backend select_wgrad_backend(const MoeWgradProblem& problem) {
-  constexpr int64_t kGroupedRows = 1024;
-  const int64_t rows_per_expert = problem.num_tokens / (problem.num_experts > 0 ? problem.num_experts : 1);
-  return problem.accumulate || rows_per_expert >= kGroupedRows ? Backend::kGrouped : Backend::kMoe;
+  return problem.accumulate ? Backend::kGrouped : Backend::kMoe;
 }
 
 }  // namespace cutlass_moe

@@ -25,12 +25,15 @@ namespace cutlass_moe::sm90 {
 //     some of them may not run drew C7515, and so did a second path for such tiles): the caller
 //     ensures k_tiles >= kPeeled. The others call loop_hook(k_tile). Neither may touch accum.
 // mma_thread: the thread's index in the tiled MMA (both consumers: 0..255; pingpong: 0..127).
-// last_k_steps: how many of the last K block's MMA steps (k-slices of the instruction's K) to
-// issue (at least 1); the others are skipped. The wgrad's last block of an expert holds its last
-// rows first and zeros after them, so the steps past those rows would add exact zeros. (ptxas then
-// notes C7519, a warpgroup.arrive it adds around the guarded WGMMAs; no serialization, no spills.)
-template <class CollectiveMainloop, int kPeeled, bool kHookAfterRelease, class Pipeline, class PipelineState,
-          class Accumulators, class PeeledHook, class LoopHook>
+// last_k_steps (kTrimLast only): how many of the last K block's MMA steps (k-slices of the
+// instruction's K) to issue (at least 1); the others are skipped. The wgrad's last block of an
+// expert holds its last rows first and zeros after them, so the steps past those rows would add
+// exact zeros. Only the last block's WGMMAs are guarded: ptxas adds a warpgroup.arrive around each
+// guarded WGMMA (C7519, noted for the last block alone now), and with the guards in every block of
+// the loop the wgrad ran 6-17% slower, bitwise the same (benchmarks/NOTES.md, "The wgrad's guarded
+// MMAs").
+template <class CollectiveMainloop, int kPeeled, bool kHookAfterRelease, bool kTrimLast = false, class Pipeline,
+          class PipelineState, class Accumulators, class PeeledHook, class LoopHook>
 CUTLASS_DEVICE void mma_pipelined(Pipeline& pipeline, PipelineState read_state, Accumulators& accum, int k_tiles,
                                   int mma_thread, typename CollectiveMainloop::TensorStorage& tensors,
                                   bool accumulate, PeeledHook&& peeled_hook, LoopHook&& loop_hook,
@@ -38,6 +41,7 @@ CUTLASS_DEVICE void mma_pipelined(Pipeline& pipeline, PipelineState read_state, 
   using namespace cute;
   using TiledMma = typename CollectiveMainloop::TiledMma;
   static_assert(CollectiveMainloop::K_PIPE_MMAS == 1, "one K block in flight, as the collective");
+  static_assert(!kTrimLast || kPeeled == 0, "the trimmed last block is not a peeled one");
   Tensor sA = make_tensor(make_smem_ptr(tensors.smem_A.data()), typename CollectiveMainloop::SmemLayoutA{});
   Tensor sB = make_tensor(make_smem_ptr(tensors.smem_B.data()), typename CollectiveMainloop::SmemLayoutB{});
   TiledMma tiled_mma;
@@ -48,15 +52,19 @@ CUTLASS_DEVICE void mma_pipelined(Pipeline& pipeline, PipelineState read_state, 
   Tensor tCrB = thread_mma.make_fragment_B(thread_mma.partition_B(sB));  // (MMA, MMA_N, MMA_K, PIPE)
   tiled_mma.accumulate_ = accumulate ? GMMA::ScaleOut::One : GMMA::ScaleOut::Zero;
   PipelineState release_state = read_state;
-  auto k_block = [&](int k_tile, auto&& hook) {
+  auto k_block = [&](int k_tile, auto&& hook, auto trimmed) {
     pipeline.consumer_wait(read_state, pipeline.consumer_try_wait(read_state));
     const int stage = read_state.index();
     warpgroup_fence_operand(accum);
-    const int k_steps = k_tile == k_tiles - 1 ? last_k_steps : int{size<2>(tCrA)};
     warpgroup_arrive();
     CUTLASS_PRAGMA_UNROLL
     for (int k = 0; k < size<2>(tCrA); ++k) {
-      if (k < k_steps) {  // warp-uniform
+      if constexpr (decltype(trimmed)::value) {
+        if (k < last_k_steps) {  // warp-uniform
+          cute::gemm(tiled_mma, tCrA(_, _, k, stage), tCrB(_, _, k, stage), accum);
+          tiled_mma.accumulate_ = GMMA::ScaleOut::One;
+        }
+      } else {
         cute::gemm(tiled_mma, tCrA(_, _, k, stage), tCrB(_, _, k, stage), accum);
         tiled_mma.accumulate_ = GMMA::ScaleOut::One;
       }
@@ -74,9 +82,10 @@ CUTLASS_DEVICE void mma_pipelined(Pipeline& pipeline, PipelineState read_state, 
   };
   warpgroup_fence_operand(accum);
   CUTLASS_PRAGMA_UNROLL
-  for (int k_tile = 0; k_tile < kPeeled; ++k_tile) k_block(k_tile, peeled_hook);
+  for (int k_tile = 0; k_tile < kPeeled; ++k_tile) k_block(k_tile, peeled_hook, false_type{});
   CUTLASS_PRAGMA_NO_UNROLL
-  for (int k_tile = kPeeled; k_tile < k_tiles; ++k_tile) k_block(k_tile, loop_hook);
+  for (int k_tile = kPeeled; k_tile < k_tiles - int{kTrimLast}; ++k_tile) k_block(k_tile, loop_hook, false_type{});
+  if constexpr (kTrimLast) k_block(k_tiles - 1, loop_hook, true_type{});  // the caller ensures k_tiles >= 1
   warpgroup_fence_operand(accum);
 }
 

@@ -28,8 +28,9 @@
 // (r <= kTileK) is the box at (m0, kTileK - r, end): those rows are the box's first r, the rest of
 // the box has i >= kTileK, outside the view. Both operands zero-fill the same positions, so the
 // padding adds exact zeros (never 0 x NaN from another expert's rows). The MMA steps (16 rows each
-// in 16 bits) of the last block that hold only padding are not issued (mma_pipelined's
-// last_k_steps): 1.6-3.4% faster on issue 10's shapes, bitwise the same (benchmarks/NOTES.md).
+// in 16 bits) of the last block that hold only padding are not issued (mma_pipelined's kTrimLast:
+// that block's MMAs are issued apart from the loop's, whose MMAs stay unguarded), bitwise the same
+// (benchmarks/NOTES.md).
 #pragma once
 
 #include "sm90/sm90_tma_encode.hpp"  // first: routes every TMA encode through a checked call
@@ -466,7 +467,7 @@ CUTLASS_DEVICE void MoeWgradKernel<Element, ElementOut, Config>::operator()(Para
           continue;
         }
         Tensor accum = partition_fragment_C(tiled_mma, take<0, 2>(TileShape{}));
-        mma_pipelined<CollectiveMainloop, 0, /*kHookAfterRelease=*/true>(
+        mma_pipelined<CollectiveMainloop, 0, /*kHookAfterRelease=*/true, /*kTrimLast=*/true>(
             pipeline, read_state, accum, blocks, mma_thread, storage.tensors, /*accumulate=*/false, [](int) {},
             [&](int block) { epilogue.store_held(block, /*rest=*/block == blocks - 1, held); },
             last_k_steps(tile, blocks));
@@ -483,7 +484,7 @@ CUTLASS_DEVICE void MoeWgradKernel<Element, ElementOut, Config>::operator()(Para
         if (blocks == 0 && params.epilogue.accumulate) continue;  // adds nothing: dW[e] is left as it is
         Tensor accum = partition_fragment_C(tiled_mma, take<0, 2>(TileShape{}));
         if (blocks > 0) {
-          mma_pipelined<CollectiveMainloop, 0, /*kHookAfterRelease=*/true>(
+          mma_pipelined<CollectiveMainloop, 0, /*kHookAfterRelease=*/true, /*kTrimLast=*/true>(
               pipeline, read_state, accum, blocks, mma_thread, storage.tensors, /*accumulate=*/false, [](int) {},
               [](int) {}, last_k_steps(tile, blocks));
           mainloop.mma_tail(pipeline, read_state, blocks);

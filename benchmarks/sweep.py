@@ -19,7 +19,8 @@ To run on the GPU machine (after the build):
                               [--out sweep.json] [--start N] [--limit N] [--families moe,grouped]
 To judge a stored table with the installed heuristic (no GPU): python3 benchmarks/sweep.py --judge
 benchmarks/sweep_h200.json (the heuristic in cpp/heuristics.cpp was fitted on that table, and its
-slower-DRAM exceptions on benchmarks/sweep_h100.json: judge that one on an H100 with --judge-device 0).
+slower-DRAM exceptions on benchmarks/sweep_h100.json: judge that one on an H100 with --judge-device 0;
+benchmarks/sweep_h200_nk.json holds the same shapes with (E, N, K) weights, timed with --trans-b).
 """
 from __future__ import annotations
 

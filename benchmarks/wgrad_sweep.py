@@ -2,10 +2,14 @@
 timed on the expert projections of real MoE models (sweep.py's models, rows per expert and splits).
 
 For each shape: every built bf16 wgrad family's ms (dW in bf16, not accumulated), `backend="auto"`'s,
-torch's `torch._grouped_mm(x.t(), dy, offs=offs)` where this PyTorch has it, and the floor of training_bench.py (max(FLOPs / 790 TFLOP/s, x and dy at 4.36 TB/s + dW of
-the experts with rows at the write bandwidth measured in the same run)). Every time is the median
-over alternating rounds. The summary gives, per family, how often it is within 5% of the best, and
+torch's `torch._grouped_mm(x.t(), dy, offs=offs)` where this PyTorch has it, and the floor of
+training_bench.py (max(FLOPs / 790 TFLOP/s, x and dy at 4.36 TB/s + dW of the experts with rows at
+the write bandwidth measured in the same run)). Every time is the median over alternating rounds. The summary gives, per family, how often it is within 5% of the best, and
 auto's floor fraction and speedup over torch's.
+
+benchmarks/wgrad_sweep_h200.json is the table of the default rows and splits (216 shapes; the
+largest, past --max-tokens rows, are left out). auto's family choice (select_wgrad_backend in
+cpp/heuristics.cpp) rests on it.
 
 To run on the GPU machine (after the build):
   python3 benchmarks/wgrad_sweep.py [--models a,b] [--rows 128,1024] [--splits uniform,random]
@@ -29,7 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import sweep  # noqa: E402  (the models, shapes and splits of the forward's sweep)
 import training_bench  # noqa: E402  (the wgrad floor and the write bandwidth)
 
-ROWS = (128, 512, 2048)
+ROWS = (128, 512, 1024, 2048, 4096)
 SPLITS = ("uniform", "random")
 
 

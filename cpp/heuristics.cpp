@@ -133,9 +133,10 @@ KernelConfig select_config(const MoeGemmProblem& problem, Backend backend, int d
 // The MoE kernel everywhere but when accumulating: it adds with TMA reduce-add, 1.3-1.4x slower than
 // the grouped family's read-add-write epilogue on the public prefill shapes. Without accumulation it
 // is the faster family on benchmarks/wgrad_sweep_h200.json (11 models' expert projections, 128 to
-// 4096 rows per expert): 6-25% ahead of the grouped family from 128 to 4096 rows (benchmarks/NOTES.md,
-// "The wgrad's guarded MMAs"). Before its loop issued the last K block's MMAs apart, the grouped
-// family was ahead from 1024 rows per expert on.
+// 4096 rows per expert, 216 shapes): within 5% of the better family on 215 of them; the grouped
+// family's time over its own is 1.37 in geomean at 128 rows per expert, 1.12 at 1024 and 1.04 at
+// 4096 (benchmarks/NOTES.md, "The wgrad's guarded MMAs"). Before its loop issued the last K block's
+// MMAs apart, the grouped family was ahead from 1024 rows per expert on.
 Backend select_wgrad_backend(const MoeWgradProblem& problem) {
   return problem.accumulate ? Backend::kGrouped : Backend::kMoe;
 }

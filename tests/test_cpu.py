@@ -547,5 +547,8 @@ def test_sweep_shapes_splits_and_summary(monkeypatch):
     # --judge-device: the pick is that device's rule (an H100's table is judged on an H100).
     asked = []
     monkeypatch.setattr(cutlass_moe, "select_config",
-                        lambda *a, device=None, **kw: asked.append(device) or ("moe", "x"))
-    assert sweep.judge(stored, sweep.DEFAULT_CONFIGS, device=3)[0]["heuristic"] == "moe:x" and asked == [3]
+                        lambda *a, device=None, trans_b=False: asked.append((device, trans_b)) or ("moe", "x"))
+    assert sweep.judge(stored, sweep.DEFAULT_CONFIGS, device=3)[0]["heuristic"] == "moe:x" and asked == [(3, False)]
+    # A table timed with (E, N, K) weights (--trans-b) is judged with that layout's rule.
+    sweep.judge(stored, sweep.DEFAULT_CONFIGS, trans_b=True)
+    assert asked[-1] == (-1, True)

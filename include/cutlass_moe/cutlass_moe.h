@@ -276,9 +276,9 @@ void gated_activation_backward(DType dtype, Activation activation, float alpha, 
                                int64_t cols, const void* y, int64_t ldy, const void* grad_out, int64_t ld_grad_out,
                                void* grad_y, int64_t ld_grad_y, cudaStream_t stream);
 
-// The sm90 wgrad family backend=kAuto takes from what the host knows (T/E and accumulate; never the
-// counts): kMoe or kGrouped. moe_gemm_wgrad falls back to the next built family that runs on the
-// device where that one is not built or does not run there.
+// The sm90 wgrad family backend=kAuto takes, from what the host knows of the problem (never the
+// counts): kMoe, or kGrouped when accumulating (heuristics.cpp says why). moe_gemm_wgrad falls back
+// to the next built family that runs on the device where that one is not built or does not run there.
 Backend select_wgrad_backend(const MoeWgradProblem& problem);
 
 // Workspace bytes moe_gemm_wgrad needs for `problem` on `device` (check_wgrad_layout only).

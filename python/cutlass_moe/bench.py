@@ -205,16 +205,24 @@ def run_case(case: dict, counts: torch.Tensor, args, moe_gemm) -> dict:
     flops = 2.0 * t * k * n
     row = {"name": case["name"], "E": e, "T": t, "K": k, "N": n, "dist": case["dist"]}
 
+    variants = args.variants.split(",") if args.variants else []
+    peer = grouped_mm_peer(x, w, counts)
+    # The same weights in the nn.Linear layout, (E, N, K) storage, for torch._grouped_mm's second peer
+    # and the "nk" variant.
+    w_nk = w.transpose(1, 2).contiguous() if peer is not None or "nk" in variants else None
+
     runners = {"moe_gemm": lambda: moe_gemm(x, w, counts_gpu, backend=args.backend, config=args.config)}
-    for variant in args.variants.split(",") if args.variants else []:  # each family, and tuning runs
+    for variant in variants:  # each family, and tuning runs
+        if variant == "nk":  # ours on (E, N, K) weights (trans_b), the headline backend and config
+            runners["moe_gemm[nk]"] = lambda: moe_gemm(x, w_nk, counts_gpu, trans_b=True, backend=args.backend,
+                                                       config=args.config)
+            continue
         backend, _, config = variant.partition(":")
         runners[f"moe_gemm[{variant}]"] = (
             lambda backend=backend, config=config or "auto": moe_gemm(x, w, counts_gpu, backend=backend, config=config))
-    peer = grouped_mm_peer(x, w, counts)
     if peer is not None:
         runners["torch_grouped_mm"] = peer
-        # The nn.Linear layout: (E, N, K) storage, read as (E, K, N).
-        runners["torch_grouped_mm_nk"] = grouped_mm_peer(x, w.transpose(1, 2).contiguous().transpose(1, 2), counts)
+        runners["torch_grouped_mm_nk"] = grouped_mm_peer(x, w_nk.transpose(1, 2), counts)
     runners["loop"] = loop_peer(x, w, counts)
     runners["multistream"] = multistream_peer(x, w, counts)
     peer = bmm_peer(x, w, counts)
@@ -333,7 +341,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--backend", default="auto", help="headline moe_gemm backend (default: auto)")
     parser.add_argument("--config", default="auto", help="headline moe_gemm kernel config (default: auto)")
     parser.add_argument("--variants", default=DEFAULT_VARIANTS,
-                        help="more moe_gemm runs to time beside it, as backend:config, comma-separated "
+                        help="more moe_gemm runs to time beside it, as backend:config, comma-separated, "
+                             "or nk: the headline call on the same weights stored (E, N, K) (trans_b) "
                              "(default: each sm90 family with its heuristic config; the sm80 families on "
                              "other GPUs)")
     parser.add_argument("--warmup-ms", type=float, default=25.0)

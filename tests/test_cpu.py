@@ -552,3 +552,27 @@ def test_sweep_shapes_splits_and_summary(monkeypatch):
     # A table timed with (E, N, K) weights (--trans-b) is judged with that layout's rule.
     sweep.judge(stored, sweep.DEFAULT_CONFIGS, trans_b=True)
     assert asked[-1] == (-1, True)
+
+
+def test_wgrad_sweep_summary():
+    # benchmarks/wgrad_sweep.py (issue 10's wgrad sweep): per family, the share of shapes within 5% of
+    # the best family; auto's floor fraction and its speedup over torch's wgrad.
+    import importlib.util
+    import math
+    import pathlib
+    path = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "wgrad_sweep.py"
+    spec = importlib.util.spec_from_file_location("wgrad_sweep", path)
+    wgrad_sweep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(wgrad_sweep)
+    rows = [dict(times={"moe": 1.0, "grouped": 1.5}, auto_ms=1.0, torch_ms=1.2, floor_ms=0.8),
+            dict(times={"moe": 2.0, "grouped": 2.02}, auto_ms=2.0, torch_ms=1.8, floor_ms=1.0)]
+    summary = wgrad_sweep.summarize(rows)
+    assert summary["shapes"] == 2
+    assert summary["moe_within_5pct"] == 1.0 and summary["grouped_within_5pct"] == 0.5
+    assert summary["auto_floor_fraction_min"] == pytest.approx(0.5)
+    assert summary["auto_floor_fraction_geomean"] == pytest.approx(math.sqrt(0.8 * 0.5))
+    assert summary["auto_over_torch_min"] == pytest.approx(0.9)
+    assert summary["auto_over_torch_geomean"] == pytest.approx(math.sqrt(1.2 * 0.9))
+    # A table without torch's times (--trans-b) leaves the comparison out.
+    assert "auto_over_torch_geomean" not in wgrad_sweep.summarize([{**rows[0], "torch_ms": None}])
+    assert wgrad_sweep.summarize([]) == {"shapes": 0}

@@ -5,14 +5,17 @@ A run times, per case, moe_gemm(x, w, counts) with backend "auto", "moe" and "gr
 on cutlass_moe.bench's cases, counts and data (bench.run_case's seeded generator, weights scaled by
 K**-0.5) with bench's timer (bench._do_bench, median), in two passes of opposite order keeping each
 runner's better time, as the bench does; each runner's result is checked once, per expert, against the
-float32 reference first. It times whichever cutlass_moe is imported: put the build on PYTHONPATH and run
-from outside the source tree. The summary gives per case and runner each build's median over its
+float32 reference first. With --wgrad it times moe_gemm_wgrad(x, dy, counts) instead (runners
+"wauto", "wmoe", "wgrouped": dW in bf16, checked per expert against x_e^T dy_e in float32; no floor).
+It times whichever cutlass_moe is imported: put the build on PYTHONPATH and run from outside the
+source tree. The summary gives per case and runner each build's median over its
 rounds, its spread (max - min over the rounds, % of the median), new/old and a verdict: REGRESSION
 where new > old * (1 + 2% + the larger spread).
 
 To run (benchmarks/ab_bench.sh does all of it):
   cd /tmp && PYTHONPATH=/tmp/ab_old python3 /path/to/benchmarks/ab_bench.py --label old --json old_r1.json
   python3 benchmarks/ab_bench.py --summarize device_out/ab_*_r*.json
+  The weight gradient: AB_ARGS=--wgrad bash benchmarks/ab_bench.sh <old_git_rev> [rounds]
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ import time
 from typing import Dict, List, Optional
 
 RUNNERS = {"auto": {}, "moe": {"backend": "moe"}, "grouped": {"backend": "grouped"}}
+WGRAD_RUNNERS = {"wauto": {}, "wmoe": {"backend": "moe"}, "wgrouped": {"backend": "grouped"}}  # --wgrad
 MAX_REL_ERR = 2e-2  # worst expert's relative error, as cutlass_moe.bench
 
 
@@ -45,6 +49,23 @@ def worst_expert_rel(y, x, w, counts) -> float:
     return worst
 
 
+def worst_expert_rel_wgrad(dw, x, dy, counts) -> float:
+    """worst_expert_rel for a weight gradient: dW[e] against x_e^T dy_e in float32; an expert with no
+    rows must be exact zeros."""
+    worst, start = 0.0, 0
+    for e, c in enumerate(counts.tolist()):
+        if c:
+            ref = x[start:start + c].float().t() @ dy[start:start + c].float()
+            err = float((dw[e].float() - ref).norm()) / max(float(ref.norm()), 1e-30)
+            if not math.isfinite(err):
+                return err
+            worst = max(worst, err)
+        elif bool(dw[e].any()):
+            return math.inf
+        start += c
+    return worst
+
+
 def counts_digest(counts) -> str:
     return hashlib.sha1(",".join(str(int(c)) for c in counts.tolist()).encode()).hexdigest()[:12]
 
@@ -53,7 +74,7 @@ def run(args) -> int:
     import torch
 
     import cutlass_moe
-    from cutlass_moe import bench, moe_gemm
+    from cutlass_moe import bench, moe_gemm, moe_gemm_wgrad
 
     where = os.path.dirname(os.path.abspath(cutlass_moe.__file__))
     print(f"ab_bench [{args.label}]: cutlass_moe from {where}", file=sys.stderr, flush=True)
@@ -94,14 +115,21 @@ def run(args) -> int:
         print(f"[{i + 1}/{len(cases)}] {case['name']} (E={e} T={t} K={k} N={n})", file=sys.stderr, flush=True)
         gen = torch.Generator(device="cuda").manual_seed(0)
         x = torch.randn(t, k, device="cuda", dtype=torch.bfloat16, generator=gen)
-        w = torch.randn(e, k, n, device="cuda", dtype=torch.bfloat16, generator=gen) * (k ** -0.5)
+        if args.wgrad:
+            dy = torch.randn(t, n, device="cuda", dtype=torch.bfloat16, generator=gen)
+        else:
+            w = torch.randn(e, k, n, device="cuda", dtype=torch.bfloat16, generator=gen) * (k ** -0.5)
         counts_gpu = c.to("cuda", torch.int32)
         row: Dict[str, object] = {"name": case["name"], "E": e, "T": t, "K": k, "N": n,
                                   "counts_sha1": counts_digest(c),
-                                  "floor_ms": bench.floor_ms(case, c, bench.H200_TFLOPS, bench.H200_TBPS)}
+                                  "floor_ms": None if args.wgrad else
+                                  bench.floor_ms(case, c, bench.H200_TFLOPS, bench.H200_TBPS)}
         fns = {}
-        for label, kwargs in RUNNERS.items():
-            fn = (lambda kwargs=kwargs: moe_gemm(x, w, counts_gpu, **kwargs))
+        for label, kwargs in (WGRAD_RUNNERS if args.wgrad else RUNNERS).items():
+            if args.wgrad:
+                fn = (lambda kwargs=kwargs: moe_gemm_wgrad(x, dy, counts_gpu, **kwargs))
+            else:
+                fn = (lambda kwargs=kwargs: moe_gemm(x, w, counts_gpu, **kwargs))
             row[f"{label}_ms"] = None
             try:
                 y = fn()
@@ -111,7 +139,7 @@ def run(args) -> int:
                 print(f"  {label}: {row[f'{label}_error']}", file=sys.stderr)
                 continue
             if not args.no_check:
-                err = worst_expert_rel(y, x, w, c)
+                err = worst_expert_rel_wgrad(y, x, dy, c) if args.wgrad else worst_expert_rel(y, x, w, c)
                 row[f"{label}_worst_rel"] = err
                 if not err <= MAX_REL_ERR:
                     failed.append(f"{case['name']}:{label}")
@@ -124,12 +152,14 @@ def run(args) -> int:
                 row[f"{label}_ms"] = ms if best is None else min(ms, best)
         print("  " + "  ".join(f"{label} {row[f'{label}_ms']:.4f} ms" for label in fns), file=sys.stderr, flush=True)
         rows.append(row)
-        del x, w, counts_gpu, fns
+        del x, counts_gpu, fns
+        dy = w = None
         torch.cuda.empty_cache()
 
     result = {"label": args.label, "rev": args.rev, "device": device, "torch": torch.__version__,
               "cutlass_moe_file": os.path.abspath(cutlass_moe.__file__), "build_info": build_summary,
-              "built_configs": instances, "warmup_ms": args.warmup_ms, "rep_ms": args.rep_ms, "passes": args.passes,
+              "built_configs": instances, "wgrad": args.wgrad, "warmup_ms": args.warmup_ms, "rep_ms": args.rep_ms,
+              "passes": args.passes,
               "seconds": round(time.time() - started, 1), "cases": rows}
     if args.json:
         with open(args.json, "w") as f:
@@ -185,6 +215,9 @@ def summarize(paths: List[str], baseline: str, candidate: str, out_path: Optiona
                     vals.append(float(row[f"{runner}_ms"]))
         return vals
 
+    # The runners the rounds timed: the forward's, or the weight gradient's (--wgrad).
+    runners = [lb for lb in (*RUNNERS, *WGRAD_RUNNERS)
+               if any(f"{lb}_ms" in row or f"{lb}_error" in row for r in runs for row in r.get("cases", []))]
     names: List[str] = []
     shapes: Dict[str, set] = {}
     floors: Dict[str, float] = {}
@@ -196,7 +229,7 @@ def summarize(paths: List[str], baseline: str, candidate: str, out_path: Optiona
             shapes.setdefault(row["name"], set()).add(
                 (row.get("E"), row.get("T"), row.get("K"), row.get("N"), row.get("counts_sha1")))
             floors.setdefault(row["name"], row.get("floor_ms"))
-            for runner in RUNNERS:
+            for runner in runners:
                 if f"{runner}_error" in row:
                     errors[(r.get("label"), row["name"], runner)] = row[f"{runner}_error"]
 
@@ -210,9 +243,9 @@ def summarize(paths: List[str], baseline: str, candidate: str, out_path: Optiona
             f"{'%floor':>7}  verdict")
     lines += [head, "-" * len(head)]
     regressions = []
-    ratios: Dict[str, List[float]] = {runner: [] for runner in RUNNERS}
+    ratios: Dict[str, List[float]] = {runner: [] for runner in runners}
     for name in names:
-        for runner in RUNNERS:
+        for runner in runners:
             old, new = values(old_runs, name, runner), values(new_runs, name, runner)
             if not old and not new and not any(key[1:] == (name, runner) for key in errors):
                 continue
@@ -270,6 +303,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--passes", type=int, choices=[1, 2], default=2,
                         help="timing passes per case, the second in reverse runner order (default 2, as the bench)")
     parser.add_argument("--no-check", action="store_true", help="skip the float32 reference check")
+    parser.add_argument("--wgrad", action="store_true",
+                        help="time the weight gradient (moe_gemm_wgrad, dW in bf16) instead of the forward")
     parser.add_argument("--expect-dir", default="",
                         help="fail unless cutlass_moe is imported from under this directory")
     parser.add_argument("--summarize", nargs="+", metavar="JSON",

@@ -12,7 +12,8 @@
 # To run (from the repo root of the new checkout, carrying .whl):
 #   bash benchmarks/ab_bench.sh <old_git_rev> [rounds=3]
 #   Env: OLD_SRC=/path an already-extracted old source tree (then <old_git_rev> only names it);
-#        AB_ARGS extra ab_bench.py options, e.g. "--cases dsv3-prefill,dsv3-decode" or "--passes 1";
+#        AB_ARGS extra ab_bench.py options, e.g. "--cases dsv3-prefill,dsv3-decode", "--passes 1" or
+#             "--wgrad" (the weight gradient instead of the forward);
 #        AB_JOBS compile jobs per build (default: half the cores, as the two builds run at once).
 set -uo pipefail
 export PYTHONUNBUFFERED=1

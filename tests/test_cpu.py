@@ -576,3 +576,45 @@ def test_wgrad_sweep_summary():
     # A table without torch's times (--trans-b) leaves the comparison out.
     assert "auto_over_torch_geomean" not in wgrad_sweep.summarize([{**rows[0], "torch_ms": None}])
     assert wgrad_sweep.summarize([]) == {"shapes": 0}
+
+
+def test_ab_bench_summary_of_forward_and_wgrad_rounds(tmp_path, capsys):
+    # benchmarks/ab_bench.py --summarize: per case and runner, each build's median over its rounds,
+    # new/old and a REGRESSION verdict; --wgrad rounds carry the weight gradient's runners.
+    import importlib.util
+    import json
+    import pathlib
+    path = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "ab_bench.py"
+    spec = importlib.util.spec_from_file_location("ab_bench", path)
+    ab_bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ab_bench)
+
+    def run(label, ms, runners):
+        row = {"name": "case", "E": 8, "T": 64, "K": 32, "N": 32, "counts_sha1": "x", "floor_ms": None}
+        row.update({f"{r}_ms": v for r, v in zip(runners, ms)})
+        return {"label": label, "rev": label, "device": "test", "cases": [row]}
+
+    for kind, runners in (("fwd", ("auto", "moe")), ("wgrad", ("wauto", "wmoe"))):
+        files = []
+        for i, (label, ms) in enumerate([("old", (1.0, 1.0)), ("new", (0.9, 1.5)), ("old", (1.0, 1.0)),
+                                         ("new", (0.9, 1.5))]):
+            files.append(tmp_path / f"{kind}_{i}.json")
+            files[-1].write_text(json.dumps(run(label, ms, runners)))
+        out = tmp_path / f"{kind}_summary.txt"
+        assert ab_bench.main(["--summarize", *map(str, files), "--summary-out", str(out)]) == 3  # a regression
+        text = out.read_text()
+        first, second = runners
+        assert any(line.split()[:2] == ["case", first] and "0.900" in line and line.endswith("ok")
+                   for line in text.splitlines())
+        assert any(line.split()[:2] == ["case", second] and "1.500" in line and line.endswith("REGRESSION")
+                   for line in text.splitlines())
+    capsys.readouterr()
+    # --wgrad's check: dW[e] against x_e^T dy_e per expert; an expert with no rows must be zeros.
+    counts = torch.tensor([2, 0, 3])
+    x, dy = torch.randn(5, 4), torch.randn(5, 6)
+    dw = torch.stack([x[:2].t() @ dy[:2], torch.zeros(4, 6), x[2:].t() @ dy[2:]])
+    assert ab_bench.worst_expert_rel_wgrad(dw, x, dy, counts) < 1e-6
+    dw[2] *= 1.1
+    assert ab_bench.worst_expert_rel_wgrad(dw, x, dy, counts) == pytest.approx(0.1, rel=1e-4)
+    dw[1, 0, 0] = 1.0
+    assert ab_bench.worst_expert_rel_wgrad(dw, x, dy, counts) == float("inf")

@@ -507,15 +507,21 @@ def test_time_configs_alternates_rounds_and_takes_the_median(monkeypatch):
         tuning.time_configs(x, w, torch.tensor([4]), False, pairs, 1.0, 1.0, rounds=0)
 
 
+def _benchmark_module(name: str):
+    """benchmarks/<name>.py, imported from its file (benchmarks/ is not a package)."""
+    import importlib.util
+    import pathlib
+    path = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def test_sweep_shapes_splits_and_summary(monkeypatch):
     # benchmarks/sweep.py (issue 12's heuristic sweep): its splits sum to T, the skewed one gives
     # one expert half of the rows, and the summary judges the heuristic over the shapes above the floor.
-    import importlib.util
-    import pathlib
-    path = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "sweep.py"
-    spec = importlib.util.spec_from_file_location("sweep", path)
-    sweep = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(sweep)
+    sweep = _benchmark_module("sweep")
     for split in sweep.SPLITS:
         counts = sweep.split_counts(60, 60 * 129, split, seed=3)
         assert int(counts.sum()) == 60 * 129 and bool((counts >= 0).all()), split
@@ -557,13 +563,8 @@ def test_sweep_shapes_splits_and_summary(monkeypatch):
 def test_wgrad_sweep_summary():
     # benchmarks/wgrad_sweep.py (issue 10's wgrad sweep): per family, the share of shapes within 5% of
     # the best family; auto's floor fraction and its speedup over torch's wgrad.
-    import importlib.util
     import math
-    import pathlib
-    path = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "wgrad_sweep.py"
-    spec = importlib.util.spec_from_file_location("wgrad_sweep", path)
-    wgrad_sweep = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(wgrad_sweep)
+    wgrad_sweep = _benchmark_module("wgrad_sweep")
     rows = [dict(times={"moe": 1.0, "grouped": 1.5}, auto_ms=1.0, torch_ms=1.2, floor_ms=0.8),
             dict(times={"moe": 2.0, "grouped": 2.02}, auto_ms=2.0, torch_ms=1.8, floor_ms=1.0)]
     summary = wgrad_sweep.summarize(rows)
@@ -581,13 +582,8 @@ def test_wgrad_sweep_summary():
 def test_ab_bench_summary_of_forward_and_wgrad_rounds(tmp_path, capsys):
     # benchmarks/ab_bench.py --summarize: per case and runner, each build's median over its rounds,
     # new/old and a REGRESSION verdict; --wgrad rounds carry the weight gradient's runners.
-    import importlib.util
     import json
-    import pathlib
-    path = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "ab_bench.py"
-    spec = importlib.util.spec_from_file_location("ab_bench", path)
-    ab_bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ab_bench)
+    ab_bench = _benchmark_module("ab_bench")
 
     def run(label, ms, runners):
         row = {"name": "case", "E": 8, "T": 64, "K": 32, "N": 32, "counts_sha1": "x", "floor_ms": None}

@@ -51,7 +51,9 @@ def worst_expert_rel(y, x, w, counts) -> float:
 
 def worst_expert_rel_wgrad(dw, x, dy, counts) -> float:
     """worst_expert_rel for a weight gradient: dW[e] against x_e^T dy_e in float32; an expert with no
-    rows must be exact zeros."""
+    rows must be exact zeros. One expert at a time, not cutlass_moe.moe_gemm_wgrad_reference: that
+    builds every expert's float32 dW at once (30 GB on DeepSeek-V3's shapes), and it comes from the
+    build under test."""
     worst, start = 0.0, 0
     for e, c in enumerate(counts.tolist()):
         if c:

@@ -106,12 +106,34 @@ def _do_bench(fn: Callable[[], object], warmup_ms: float, rep_ms: float) -> floa
     return statistics.median(times)
 
 
+# How long heat() runs a kernel before the first timed run: the H200 settles at its power cap within
+# this (benchmarks/NOTES.md, "The first runner after a pause").
+HEAT_MS = 300.0
+
+
+def heat(fn: Callable[[], object], ms: float = HEAT_MS) -> None:
+    """Runs fn back to back for about `ms` milliseconds, untimed, so that the GPU is at its sustained
+    clock when timing starts. After a pause (the float32 checks, making the data) the card is cool
+    and boosts (1980 MHz); under back-to-back prefill kernels it sits at its 700 W cap (1350-1500
+    MHz on the H200 and H100). Without this, whichever runner is timed first after a pause reads up
+    to 8% fast. No-op without CUDA."""
+    if ms <= 0 or not torch.cuda.is_available():
+        return
+    start = time.perf_counter()
+    while (time.perf_counter() - start) * 1e3 < ms:
+        fn()
+        torch.cuda.synchronize()
+
+
 def median_of_rounds(runners: Dict[str, Callable[[], object]], rounds: int, warmup_ms: float = 25.0,
-                     rep_ms: float = 100.0) -> Dict[str, float]:
+                     rep_ms: float = 100.0, heat_ms: float = HEAT_MS) -> Dict[str, float]:
     """Each runner's ms: the median over `rounds` rounds of its _do_bench median. Every round times
     each runner once, in the runners' order, reversed every other round, so that none gains from
-    its place (first after a check, or as clocks drift)."""
+    its place (as clocks drift); the first runner heats the GPU first (heat), so that none gains from
+    going first after a pause either."""
     samples: Dict[str, List[float]] = {name: [] for name in runners}
+    if runners:
+        heat(next(iter(runners.values())), heat_ms)
     for r in range(rounds):
         for name in (list(runners) if r % 2 == 0 else list(reversed(runners))):
             samples[name].append(_do_bench(runners[name], warmup_ms, rep_ms))
@@ -244,12 +266,11 @@ def run_case(case: dict, counts: torch.Tensor, args, moe_gemm) -> dict:
             row[f"{label}_elem_ratio"] = errors["elem_ratio"]  # > 1: some element outside its tolerance
         del y
         timed[label] = fn
-    # Time after every check, in two rounds of opposite order, keeping each runner's better median:
-    # no runner is favoured by going first after the float32 checks or by drifting clocks.
-    for round_order in (list(timed), list(reversed(timed))):
-        for label in round_order:
-            ms = _do_bench(timed[label], args.warmup_ms, args.rep_ms)
-            row[f"{label}_ms"] = min(ms, row.get(f"{label}_ms", float("inf")))
+    # Time after every check: the median of alternating rounds, the GPU heated first, so that no
+    # runner is favoured by going first after the float32 checks (a cool card boosts its clock) or by
+    # drifting clocks.
+    for label, ms in median_of_rounds(timed, args.rounds, args.warmup_ms, args.rep_ms).items():
+        row[f"{label}_ms"] = ms
     for label in timed:
         row[f"{label}_tflops"] = flops / (row[f"{label}_ms"] * 1e-3) / 1e12
     peers = {label: row[f"{label}_ms"] for label in PEERS if f"{label}_ms" in row}
@@ -345,6 +366,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                              "or nk: the headline call on the same weights stored (E, N, K) (trans_b) "
                              "(default: each sm90 family with its heuristic config; the sm80 families on "
                              "other GPUs)")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="each time is the median of this many alternating rounds of all providers (default 3)")
     parser.add_argument("--warmup-ms", type=float, default=25.0)
     parser.add_argument("--rep-ms", type=float, default=100.0)
     parser.add_argument("--no-check", action="store_true", help="skip the float32 reference check")
@@ -352,6 +375,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                         help="draw time against the number of groups for every provider (over the seed000-g* "
                              "sweep; needs matplotlib)")
     args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error(f"--rounds: expected at least 1, got {args.rounds}")
 
     cases = load_cases()
     counts = case_counts(cases)  # drawn over the whole list, so a filter does not change them

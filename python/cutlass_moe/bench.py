@@ -366,8 +366,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                              "or nk: the headline call on the same weights stored (E, N, K) (trans_b) "
                              "(default: each sm90 family with its heuristic config; the sm80 families on "
                              "other GPUs)")
-    parser.add_argument("--rounds", type=int, default=3,
-                        help="each time is the median of this many alternating rounds of all providers (default 3)")
+    parser.add_argument("--rounds", type=int, default=5,
+                        help="each time is the median of this many alternating rounds of all providers (default 5: "
+                             "one runner's time moves by up to 5%% from round to round on a power-capped card)")
     parser.add_argument("--warmup-ms", type=float, default=25.0)
     parser.add_argument("--rep-ms", type=float, default=100.0)
     parser.add_argument("--no-check", action="store_true", help="skip the float32 reference check")

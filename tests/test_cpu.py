@@ -449,6 +449,26 @@ def test_bench_peers_and_plot(tmp_path):
         assert path.stat().st_size > 1000
 
 
+def test_median_of_rounds_heats_with_the_first_runner(monkeypatch):
+    # A card that paused boosts its clock: the first runner heats the GPU before any round, then the
+    # rounds alternate their order and each runner keeps its median. bench --rounds must be >= 1.
+    from cutlass_moe import bench
+    events, ticks = [], iter([5.0, 1.0, 2.0, 6.0, 3.0, 4.0])
+    monkeypatch.setattr(bench, "heat", lambda fn, ms=bench.HEAT_MS: events.append(("heat", fn(), ms)))
+    monkeypatch.setattr(bench, "_do_bench", lambda fn, warmup_ms, rep_ms: (events.append(("time", fn())), next(ticks))[1])
+    times = bench.median_of_rounds({"a": lambda: "a", "b": lambda: "b"}, rounds=3, heat_ms=7.0)
+    assert events[0] == ("heat", "a", 7.0)
+    assert [e[1] for e in events[1:]] == ["a", "b", "b", "a", "a", "b"]
+    assert times == {"a": 5.0, "b": 2.0}  # medians of (5, 6, 3) and (1, 2, 4)
+    monkeypatch.undo()
+    if not HAS_CUDA:  # without CUDA, heat is a no-op
+        calls = []
+        bench.heat(lambda: calls.append(1), 50.0)
+        assert calls == []
+    with pytest.raises(SystemExit):
+        bench.main(["--rounds", "0"])
+
+
 def test_tuning_file_choices(tmp_path, monkeypatch):
     # What cutlass_moe.tune remembers is read once per device, keyed by dtype, layout, T, E, N, K.
     import json

@@ -5,8 +5,9 @@ A run times, per case, moe_gemm(x, w, counts) with backend "auto", "moe" and "gr
 on cutlass_moe.bench's cases, counts and data (bench.run_case's seeded generator, weights scaled by
 K**-0.5) with bench's timer (bench._do_bench, median), in two passes of opposite order keeping each
 runner's better time, the GPU heated first (heat, as bench.heat); each runner's result is checked
-once, per expert, against the float32 reference first. With --wgrad it times moe_gemm_wgrad(x, dy, counts) instead (runners
-"wauto", "wmoe", "wgrouped": dW in bf16, checked per expert against x_e^T dy_e in float32; no floor).
+once, per expert, against the float32 reference first. With --wgrad it times
+moe_gemm_wgrad(x, dy, counts) instead (runners "wauto", "wmoe", "wgrouped": dW in bf16, checked per
+expert against x_e^T dy_e in float32; no floor).
 It times whichever cutlass_moe is imported: put the build on PYTHONPATH and run from outside the
 source tree. The summary gives per case and runner each build's median over its
 rounds, its spread (max - min over the rounds, % of the median), new/old and a verdict: REGRESSION

@@ -6,7 +6,9 @@ present) with the weights in both layouts ((E, K, N), and (E, N, K) storage read
 of per-expert torch.mm (cuBLAS), the same loop spread over CUDA streams (the multi-stream baseline
 of the grouped-GEMM blog this project started from), and torch.bmm where every expert has the same
 rows. Checks every result against a float32 reference, prints a table (ms, TFLOP/s, fraction of the
-roofline floor, speedup over each peer and over the best one) and writes JSON.
+roofline floor, speedup over each peer and over the best one) and writes JSON. Each time is the
+median of --rounds alternating rounds of every provider, after heating the GPU (heat): a card that
+paused for the checks boosts its clock, and would flatter whichever runner went first.
 
 ``--plot out.png`` draws each provider's time against the number of groups over the blog's sweep
 (the seed000-g8 ... g128 cases: 8 to 128 groups of one problem), or over the cases run when --cases
@@ -107,7 +109,8 @@ def _do_bench(fn: Callable[[], object], warmup_ms: float, rep_ms: float) -> floa
 
 
 # How long heat() runs a kernel before the first timed run: the H200 settles at its power cap within
-# this (benchmarks/NOTES.md, "The first runner after a pause").
+# this (benchmarks/NOTES.md, "The bench flattered whichever runner it timed first";
+# benchmarks/clock_ramp.py).
 HEAT_MS = 300.0
 
 
@@ -368,7 +371,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                              "other GPUs)")
     parser.add_argument("--rounds", type=int, default=5,
                         help="each time is the median of this many alternating rounds of all providers (default 5: "
-                             "one runner's time moves by up to 5%% from round to round on a power-capped card)")
+                             "one runner's time moves by up to 10%% from round to round on a power-capped card)")
     parser.add_argument("--warmup-ms", type=float, default=25.0)
     parser.add_argument("--rep-ms", type=float, default=100.0)
     parser.add_argument("--no-check", action="store_true", help="skip the float32 reference check")

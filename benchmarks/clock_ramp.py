@@ -78,14 +78,15 @@ def main() -> None:
         w = torch.randn(e, k, n, device="cuda", dtype=torch.bfloat16, generator=gen) * k ** -0.5
         runners = {"moe_gemm": lambda: cutlass_moe.moe_gemm(x, w, counts_gpu),
                    "torch._grouped_mm": lambda: torch._grouped_mm(x, w, offs=offs)}
+        dy = None
         if args.wgrad:
             dy = torch.randn(t, n, device="cuda", dtype=torch.bfloat16, generator=gen)
             runners["moe_gemm_wgrad"] = lambda: cutlass_moe.moe_gemm_wgrad(x, dy, counts_gpu)
         for label, fn in runners.items():
-            cells = {bound: ms for bound, ms in ramp(fn, args.pause, args.seconds)}
+            cells = dict(ramp(fn, args.pause, args.seconds))
             print(f"{name + ', ' + label:<40} "
                   + " ".join(f"{cells[b]:8.4f}" if b in cells else f"{'-':>8}" for b in WINDOWS_MS + (float('inf'),)))
-        del x, w, runners
+        x = w = dy = runners = None  # dy too (--wgrad), before the next case's data
         torch.cuda.empty_cache()
 
 

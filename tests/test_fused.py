@@ -371,12 +371,12 @@ def test_gpu_gated_splits_and_out(backend, kind):
 @pytest.mark.parametrize("k", [256, 392])
 @pytest.mark.parametrize("trans_b", [False, True])
 @pytest.mark.parametrize("kind", ["random", "hot"])
-def test_gpu_cooperative_deferred_stores(kind, trans_b, k):
-    # bf16 cooperative tiles from 256 rows per expert store each tile while the next tile's first K
+@pytest.mark.parametrize("config", MOE_CONFIGS[1:])
+def test_gpu_cooperative_deferred_stores(config, kind, trans_b, k):
+    # bf16 cooperative and wide tiles store each tile while the next tile's first K
     # blocks run (one slice per block, the fused operands loaded after the last). Several tiles per
     # CTA, N's last tile partial (N = 1056), K = 256 (one K block per slice, none left) and 392 (a
     # partial last block); plain, fused without a bias (a bias seeds instead), and gated.
-    config = "sm90_cooperative_128x256x64_1x1x1"
     if f"sm90:moe:bf16:{'nk' if trans_b else 'kn'}:{config}" not in cutlass_moe.built_configs():
         pytest.skip(f"{config} is not built for bf16 and this layout")
     t, n, e = 16384, 1056, 16
@@ -390,8 +390,10 @@ def test_gpu_cooperative_deferred_stores(kind, trans_b, k):
     half = n // 2
     gate, up = (w[:, :half], w[:, half:]) if trans_b else (w[..., :half], w[..., half:])
     wg = cutlass_moe.interleave_gate_up(gate, up, dim=1 if trans_b else -1)
-    y = cutlass_moe.moe_gemm_gated(x, wg, counts.cuda(), activation="silu", row_scale=scale, **kw)
-    check(y, separate_reference(x, gate, up, None, None, scale, counts, "silu", trans_b), counts, t)
+    # Each gated slice is stored in two row halves, in two K blocks of the next tile.
+    for activation, s in (("silu", None), ("silu", scale), ("gelu_tanh", None)):
+        y = cutlass_moe.moe_gemm_gated(x, wg, counts.cuda(), activation=activation, row_scale=s, **kw)
+        check(y, separate_reference(x, gate, up, None, None, s, counts, activation, trans_b), counts, t)
 
 
 @gpu

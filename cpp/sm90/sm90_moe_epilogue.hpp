@@ -237,13 +237,21 @@ class CooperativeSliceStaging {
   // returns the pair's two outputs. kPack == 2 (gated): each pair is one output, value(i, row, col)
   // returns it, and the slice covers 2 kStoreCols accumulator columns. Then thread 0 of the
   // consumer calls issue(sD) on the staged slice, to start its TMA store and commit it as one bulk
-  // group. kMatrices (16-bit outputs, kPack == 1): stage through stmatrix, four pairs per
-  // instruction, instead of one 32-bit store per pair. The wgrad takes it (about 1% faster,
-  // benchmarks/NOTES.md); in the forward's cooperative tile it needs a register more than the
-  // consumers' 168 and spills.
+  // group. kParts == 2: the slice is staged in two calls, part 0 then part 1, each writing the pairs
+  // of one half of the rows (a value's row mod 16 below 8, then the others: each thread's two
+  // rows), so that a deferred gated tile spreads its kSlices / 2 slices over kSlices K blocks as a
+  // plain tile does; part 0 takes the buffer, part 1 issues the store. kMatrices (16-bit outputs,
+  // kPack == 1): stage through stmatrix, four pairs per instruction, instead of one 32-bit store per
+  // pair. The wgrad takes it (about 1% faster, benchmarks/NOTES.md); in the forward's cooperative
+  // tile it needs a register more than the consumers' 168 and spills.
   template <int kPack = 1, bool kMatrices = false, class Value, class Issue>
   CUTLASS_DEVICE void stage(int slice, Value&& value, Issue&& issue) {
+    stage<kPack, kMatrices, /*kParts=*/1>(slice, /*part=*/0, value, issue);
+  }
+  template <int kPack, bool kMatrices, int kParts, class Value, class Issue>
+  CUTLASS_DEVICE void stage(int slice, int part, Value&& value, Issue&& issue) {
     static_assert(!kMatrices || (kPack == 1 && sizeof(Element) == 2), "stmatrix stages 16-bit pairs");
+    static_assert(kParts == 1 || (kParts == 2 && !kMatrices), "row halves: the per-pair stores only");
     using namespace cute;
     constexpr int kThreads = cutlass::NumThreadsPerWarpGroup;
     TiledMma tiled_mma;
@@ -254,10 +262,12 @@ class CooperativeSliceStaging {
     // Buffers alternate over the consumer's whole sequence of slices, across tiles: a tile may
     // store an odd number of slices (N's last tile), and restarting at buffer 0 would then
     // overwrite a buffer whose store the wait below lets run on.
-    Element* buffer = buffers_[next_buffer_].data();
-    next_buffer_ = (next_buffer_ + 1) % kBuffers;
-    if (thread_ == 0) tma_store_wait<kBuffers - 1>();  // this buffer's last store has read it
-    cutlass::arch::NamedBarrier::sync(kThreads, consumer_);
+    if (part == 0) {
+      next_buffer_ = (next_buffer_ + 1) % kBuffers;
+      if (thread_ == 0) tma_store_wait<kBuffers - 1>();  // this buffer's last store has read it
+      cutlass::arch::NamedBarrier::sync(kThreads, consumer_);
+    }
+    Element* buffer = buffers_[(next_buffer_ + kBuffers - 1) % kBuffers].data();
     if constexpr (kMatrices) {
       stage_matrices(offsets, slice_col, buffer, value);
     } else {
@@ -271,7 +281,7 @@ class CooperativeSliceStaging {
       for (int i = 0; i < size(offsets); i += 2) {
         const int row = get<0>(offsets(i));
         const int col = get<1>(offsets(i)) - slice_col * kPack;  // offsets(i + 1) is (row, col + 1)
-        if (col >= 0 && col < kStoreCols * kPack) {
+        if (col >= 0 && col < kStoreCols * kPack && (kParts == 1 || (row % 16 >= 8) == (part == 1))) {
           if constexpr (kPack == 1) {
             const int offset = thread_offset + row * kStoreCols + (((col / kChunk) ^ swizzle) * kChunk);
             *reinterpret_cast<cutlass::Array<Element, 2>*>(buffer + offset) =
@@ -288,11 +298,13 @@ class CooperativeSliceStaging {
         }
       }
     }
-    tma_store_fence();  // these shared memory writes are visible to the TMA (async proxy)
-    cutlass::arch::NamedBarrier::sync(kThreads, consumer_);
-    if (thread_ == 0) {
-      issue(make_tensor(make_smem_ptr(buffer), SmemLayout{}));
-      tma_store_arrive();
+    if (part == kParts - 1) {
+      tma_store_fence();  // these shared memory writes are visible to the TMA (async proxy)
+      cutlass::arch::NamedBarrier::sync(kThreads, consumer_);
+      if (thread_ == 0) {
+        issue(make_tensor(make_smem_ptr(buffer), SmemLayout{}));
+        tma_store_arrive();
+      }
     }
   }
 
@@ -392,6 +404,8 @@ class HeldTile {
 //     after issuing each of the next tile's first kSlices K blocks, so slice k is written while K
 //     block k's WGMMAs run;
 //   - store_all(held) stores every slice of the consumer's last held tile.
+// A gated tile has half as many slices, and stores each in two steps, one row half per K block, so
+// that its stores spread over as many K blocks as a plain tile's.
 // Where the kernel does not defer, store(tile, accum) stores each tile straight from its
 // accumulators after its mainloop.
 template <class Element, class TiledMma, int kTileM, int kTileN, class Fusion>
@@ -400,7 +414,7 @@ class CooperativeTmaStoreEpilogue {
   using Staging = CooperativeSliceStaging<Element, TiledMma, kTileM, kTileN, /*kBuffers=*/2>;
   static constexpr int kRows = Staging::kRows;
   static constexpr int kStoreCols = Staging::kStoreCols;
-  static constexpr int kSlices = Staging::kSlices;  // per tile (a gated tile stores the first half)
+  static constexpr int kSlices = Staging::kSlices;  // per tile (a gated tile: half as many, two steps each)
   using Store = RaggedStore<Element, kRows, typename Staging::SmemLayout>;
   using SharedStorage = typename Staging::SharedStorage;
 
@@ -491,25 +505,27 @@ class CooperativeTmaStoreEpilogue {
     if (params_.gated) {
       CUTLASS_PRAGMA_UNROLL
       for (int slice = 0; slice < kSlices / 2; ++slice) {
-        store_slice_from<2>(tile, slice, [&](int i, int, int) { return Element(accum(i)); });
+        store_slice_from<2>(tile, slice, 0, [&](int i, int, int) { return Element(accum(i)); });
       }
     } else {
       auto value = fused_values(tile, accum);
       CUTLASS_PRAGMA_UNROLL
-      for (int slice = 0; slice < kSlices; ++slice) store_slice_from<1>(tile, slice, value);
+      for (int slice = 0; slice < kSlices; ++slice) store_slice_from<1>(tile, slice, 0, value);
     }
   }
 
   CUTLASS_DEVICE void store_tail() { staging_.wait_all(); }
 
  private:
-  // A gated tile has half as many slices.
+  // Step `step` (0 .. kSlices - 1, one per hooked K block) of the held tile: slice `step`, or for
+  // a gated tile, which has half as many slices, row half step % 2 of slice step / 2.
   template <class Registers>
-  CUTLASS_DEVICE void store_slice_of(int slice, Registers const& held) {
+  CUTLASS_DEVICE void store_slice_of(int step, Registers const& held) {
     if (params_.gated) {
-      if (slice < Staging::kSlices / 2) store<2>(slice, held);
+      static_assert(kSlices % 2 == 0, "a gated tile's slices in two steps each");
+      store<2, 2>(step / 2, step % 2, held);
     } else {
-      store<1>(slice, held);
+      store<1, 1>(step, 0, held);
     }
   }
 
@@ -530,10 +546,10 @@ class CooperativeTmaStoreEpilogue {
     return tile.row_start + tile.m_tile * kTileM + consumer_ * kRows;
   }
 
-  // Stores slice `slice` of the held tile.
-  template <int kPack, class Registers>
-  CUTLASS_DEVICE void store(int slice, Registers const& held) {
-    store_slice_from<kPack>(held_.tile(), slice, [&](int i, int, int) {
+  // Stores slice `slice` of the held tile, or with kParts == 2 its row half `part`.
+  template <int kPack, int kParts, class Registers>
+  CUTLASS_DEVICE void store(int slice, int part, Registers const& held) {
+    store_slice_from<kPack, kParts>(held_.tile(), slice, part, [&](int i, int, int) {
       const auto pair = Held::unpack(held(i / 2));
       if constexpr (kPack == 1) {
         return pair;
@@ -548,9 +564,10 @@ class CooperativeTmaStoreEpilogue {
   // in CooperativeSliceStaging::stage. kPack accumulator columns per output column: 1, or 2 for a
   // gated tile. Interleaved groups: the view holds every group's columns, so a group's own columns
   // end on a slice boundary (a multiple of 64, checked on the host) and no slice reaches the next
-  // group.
-  template <int kPack, class Value>
-  CUTLASS_DEVICE void store_slice_from(MoeTile const& tile, int slice, Value&& value) {
+  // group. kParts == 2: row half `part` of the slice, the store issued with part 1
+  // (CooperativeSliceStaging::stage).
+  template <int kPack, int kParts = 1, class Value>
+  CUTLASS_DEVICE void store_slice_from(MoeTile const& tile, int slice, int part, Value&& value) {
     using namespace cute;
     const int rows = min(int{kRows}, tile.rows - tile.m_tile * kTileM - consumer_ * kRows);
     const int first_col = tile.n_tile * kTileN / kPack;  // of out (of the expert's group)
@@ -565,7 +582,7 @@ class CooperativeTmaStoreEpilogue {
     const int view_col = static_cast<int>(tile.expert * params_.group_stride) + first_col;
     Tensor gD = domain_offset(make_coord(kRows - rows, view_col, row_start + rows), mD)(_, _, 0);
     auto tma_store = params_.tma_store.get_slice(Int<0>{});
-    staging_.template stage<kPack>(slice, value, [&](auto const& sD) {
+    staging_.template stage<kPack, /*kMatrices=*/false, kParts>(slice, part, value, [&](auto const& sD) {
       Tensor gD_slice = local_tile(gD, Shape<Int<kRows>, Int<kStoreCols>>{}, make_coord(0, slice));
       copy(params_.tma_store, tma_store.partition_S(sD), tma_store.partition_D(gD_slice));
     });

@@ -18,7 +18,7 @@ Tables:
     torch/ours     the same two MLPs with gradients (bar: > 1 on every shape)
 
 To run on the GPU machine (after the build): python3 benchmarks/mlp_bench.py [--rounds 3] [--no-train]
-[--compiled]
+[--compiled] [--ops-apart]
 """
 import argparse
 import math
@@ -72,6 +72,10 @@ def main():
     parser.add_argument("--only", default=None, help="comma-separated shape names")
     parser.add_argument("--profile", action="store_true",
                         help="also print the top GPU kernels of one training step of each MLP (torch.profiler)")
+    parser.add_argument("--ops-apart", action="store_true",
+                        help="time the single GEMMs (plain and fused) in rounds of their own, apart from the three "
+                             "MLPs: under the power cap what runs just before moves a runner's clock "
+                             "(benchmarks/NOTES.md, twenty-first session)")
     parser.add_argument("--fused-config", default=None,
                         help="also time the two fused ops with this config forced (e.g. sm90_pingpong_64x256x64_1x1x1)")
     args = parser.parse_args()
@@ -158,7 +162,12 @@ def main():
             err = lambda y: float((y[:end].float() - ref).norm() / ref.norm().clamp_min(1e-30))
             assert err(ours) < 3e-2 and err(unf) < 3e-2, (name, err(ours), err(unf))
             del h_plain, ours, theirs, unf
-            med = bench.median_of_rounds(runners, args.rounds)
+            if args.ops_apart:
+                ops = {"plain_gu", "gated", "plain_down", "down", "gated_cfg", "down_cfg"}
+                med = bench.median_of_rounds({k: v for k, v in runners.items() if k in ops}, args.rounds)
+                med.update(bench.median_of_rounds({k: v for k, v in runners.items() if k not in ops}, args.rounds))
+            else:
+                med = bench.median_of_rounds(runners, args.rounds)
         r = dict(name=name, gp=med["gated"] / med["plain_gu"], dp=med["down"] / med["plain_down"],
                  uf=med["unfused"] / med["fused"], tf=med["torch"] / med["fused"])
         rows.append(r)

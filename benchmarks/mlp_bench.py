@@ -74,8 +74,8 @@ def main():
                         help="also print the top GPU kernels of one training step of each MLP (torch.profiler)")
     parser.add_argument("--ops-apart", action="store_true",
                         help="time the single GEMMs (plain and fused) in rounds of their own, apart from the three "
-                             "MLPs: under the power cap what runs just before moves a runner's clock "
-                             "(benchmarks/NOTES.md, twenty-first session)")
+                             "MLPs, whose company in the rounds might move their clocks under the power cap (it "
+                             "did not, measurably: benchmarks/NOTES.md, twenty-first session)")
     parser.add_argument("--fused-config", default=None,
                         help="also time the two fused ops with this config forced (e.g. sm90_pingpong_64x256x64_1x1x1)")
     args = parser.parse_args()

@@ -371,12 +371,13 @@ def test_gpu_gated_splits_and_out(backend, kind):
 @pytest.mark.parametrize("k", [256, 392])
 @pytest.mark.parametrize("trans_b", [False, True])
 @pytest.mark.parametrize("kind", ["random", "hot"])
-@pytest.mark.parametrize("config", MOE_CONFIGS[1:])
+@pytest.mark.parametrize("config", ["sm90_cooperative_128x256x64_1x1x1", "sm90_cooperative_wide_64x512x32_1x1x1"])
 def test_gpu_cooperative_deferred_stores(config, kind, trans_b, k):
-    # bf16 cooperative and wide tiles store each tile while the next tile's first K
-    # blocks run (one slice per block, the fused operands loaded after the last). Several tiles per
-    # CTA, N's last tile partial (N = 1056), K = 256 (one K block per slice, none left) and 392 (a
-    # partial last block); plain, fused without a bias (a bias seeds instead), and gated.
+    # bf16 cooperative and wide tiles store each tile while the next tile's first K blocks run (one
+    # slice per block, or for a gated tile one row half of a slice; the fused operands loaded before
+    # the mainloop). Several tiles per CTA, N's last tile partial (N = 1056), K = 256 (one K block
+    # per store step, none left, in the cooperative tile) and 392 (a partial last block); plain,
+    # fused without a bias (a bias seeds instead), and gated.
     if f"sm90:moe:bf16:{'nk' if trans_b else 'kn'}:{config}" not in cutlass_moe.built_configs():
         pytest.skip(f"{config} is not built for bf16 and this layout")
     t, n, e = 16384, 1056, 16

@@ -634,3 +634,24 @@ def test_ab_bench_summary_of_forward_and_wgrad_rounds(tmp_path, capsys):
     assert ab_bench.worst_expert_rel_wgrad(dw, x, dy, counts) == pytest.approx(0.1, rel=1e-4)
     dw[1, 0, 0] = 1.0
     assert ab_bench.worst_expert_rel_wgrad(dw, x, dy, counts) == float("inf")
+
+
+def test_is_reduced_build_names_the_quick_builds():
+    # conftest turns a GPU test's "no kernel built" NotImplementedError into a skip in a reduced
+    # build only; the default build's instance list must not count as reduced.
+    from conftest import is_reduced_build
+
+    def instances(arch, forward, wgrad, dtypes=("bf16", "fp16"), layouts=("kn", "nk")):
+        rows = [(arch, f, d, lay, "cfg") for f in forward for d in dtypes for lay in layouts]
+        outs = {"bf16": ("bf16", "fp32"), "fp16": ("fp16", "fp32")}
+        return rows + [(arch, w, d, o, "cfg") for w in wgrad for d in dtypes for o in outs[d]]
+
+    sm90 = instances("sm90", ("grouped", "moe"), ("wgrad_moe", "wgrad_grouped"))
+    sm80 = instances("sm80", ("sm80_grouped", "sm80_moe"), ("wgrad_sm80_grouped",))
+    assert not is_reduced_build(sm90 + sm80)
+    assert not is_reduced_build(sm90)  # an arch left out entirely: its tests skip on their own
+    assert is_reduced_build(instances("sm90", ("grouped", "moe"), ("wgrad_moe", "wgrad_grouped"), dtypes=("bf16",)))
+    assert is_reduced_build(instances("sm90", ("grouped", "moe"), ("wgrad_moe", "wgrad_grouped"), layouts=("kn",)))
+    assert is_reduced_build(instances("sm90", ("grouped", "moe"), ("wgrad_moe",)))  # no grouped wgrad
+    assert is_reduced_build(instances("sm90", ("moe",), ("wgrad_moe", "wgrad_grouped")))  # no grouped family
+    assert is_reduced_build(sm90 + instances("sm80", ("sm80_grouped", "sm80_moe"), ()))

@@ -6,6 +6,8 @@ import re
 import pytest
 import torch
 
+pytest_plugins = ["pytester"]  # test_cpu.py runs the reduced-build hook below in a pytest of its own
+
 HAS_CUDA = torch.cuda.is_available()
 DEVICE_CC = 10 * torch.cuda.get_device_capability()[0] + torch.cuda.get_device_capability()[1] if HAS_CUDA else 0
 IS_SM90 = DEVICE_CC == 90

@@ -655,3 +655,34 @@ def test_is_reduced_build_names_the_quick_builds():
     assert is_reduced_build(instances("sm90", ("grouped", "moe"), ("wgrad_moe",)))  # no grouped wgrad
     assert is_reduced_build(instances("sm90", ("moe",), ("wgrad_moe", "wgrad_grouped")))  # no grouped family
     assert is_reduced_build(sm90 + instances("sm80", ("sm80_grouped", "sm80_moe"), ()))
+
+
+def test_reduced_build_hook_skips_only_missing_kernels(pytester):
+    # conftest's pytest_runtest_makereport, in a pytest run of its own: the core's "no kernel built"
+    # error is a skip in a reduced build, a failure in a full one, and any other error a failure.
+    import pathlib
+    pytester.makeconftest(pathlib.Path(__file__).with_name("conftest.py").read_text())
+    pytester.makepyfile(test_hook="""
+        import conftest
+
+        MISSING = "no moe kernel built for fp16, weights nk, config x [cutlass_moe moe_gemm.cpp:149]"
+
+        def fake(monkeypatch, reduced):
+            monkeypatch.setattr(conftest, "HAS_CUDA", True)
+            monkeypatch.setattr(conftest, "is_reduced_build", lambda: reduced)
+
+        def test_missing_kernel_reduced(monkeypatch):
+            fake(monkeypatch, True)
+            raise NotImplementedError(MISSING)
+
+        def test_missing_kernel_full(monkeypatch):
+            fake(monkeypatch, False)
+            raise NotImplementedError(MISSING)
+
+        def test_other_error_reduced(monkeypatch):
+            fake(monkeypatch, True)
+            raise NotImplementedError("something else")
+    """)
+    result = pytester.runpytest_subprocess("-q", "-rs")
+    result.assert_outcomes(skipped=1, failed=2)
+    result.stdout.fnmatch_lines(["*reduced build: no moe kernel built for fp16*"])

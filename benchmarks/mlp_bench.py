@@ -18,7 +18,9 @@ Tables:
     torch/ours     the same two MLPs with gradients (bar: > 1 on every shape)
 
 To run on the GPU machine (after the build): python3 benchmarks/mlp_bench.py [--rounds 3] [--no-train]
-[--compiled] [--ops-apart]
+[--compiled] [--ops-apart] [--paired]
+--paired adds the two fused/plain ratios measured call by call (bench.paired_ratio), which the power
+cap's clock does not move, and the plain GEMM against itself as the control.
 """
 import argparse
 import math
@@ -76,6 +78,10 @@ def main():
                         help="time the single GEMMs (plain and fused) in rounds of their own, apart from the three "
                              "MLPs, whose company in the rounds might move their clocks under the power cap (it "
                              "did not, measurably: benchmarks/NOTES.md, twenty-first session)")
+    parser.add_argument("--paired", action="store_true",
+                        help="also give each fused op's time over its plain GEMM's as bench.paired_ratio measures it "
+                             "(the two calls side by side, order swapped per pair; median of the pairs' ratios), "
+                             "with the plain GEMM against itself as the method's control")
     parser.add_argument("--fused-config", default=None,
                         help="also time the two fused ops with this config forced (e.g. sm90_pingpong_64x256x64_1x1x1)")
     args = parser.parse_args()
@@ -174,6 +180,15 @@ def main():
         print(f"{name:<22} {med['plain_gu']:9.3f} {med['gated']:8.3f} {r['gp']:6.3f} {med['plain_down']:9.3f} "
               f"{med['down']:8.3f} {r['dp']:6.3f} {med['unfused']:8.3f} {med['fused']:8.3f} {r['uf']:6.2f} "
               f"{med['torch']:8.3f} {r['tf']:6.2f}", flush=True)
+        if args.paired:
+            for label, base, other in (("gated/plain", "plain_gu", "gated"), ("down+/plain", "plain_down", "down"),
+                                       ("plain/plain", "plain_gu", "plain_gu")):
+                with torch.no_grad():
+                    pr = bench.paired_ratio(runners[base], runners[other])
+                r.setdefault("paired", {})[label] = pr["ratio"]
+                print(f"{'':<22} paired {label}: {pr['ratio']:.4f} (quartiles {pr['ratio_p25']:.4f}-"
+                      f"{pr['ratio_p75']:.4f}, {pr['pairs']} pairs; {pr['base_ms']:.3f} / {pr['other_ms']:.3f} ms)",
+                      flush=True)
         if args.fused_config:
             print(f"{'':<22} with {args.fused_config}: gated {med['gated_cfg']:.3f} ms "
                   f"({med['gated_cfg'] / med['plain_gu']:.3f} of plain), down+ {med['down_cfg']:.3f} ms "
@@ -218,6 +233,10 @@ def main():
           f"down+/plain {geo([r['dp'] for r in rows]):.3f} (max {max(r['dp'] for r in rows):.3f}); "
           f"unfused/fused {geo([r['uf'] for r in rows]):.2f}; torch/fused {geo([r['tf'] for r in rows]):.2f} "
           f"(min {min(r['tf'] for r in rows):.2f})")
+    if args.paired:
+        for label in ("gated/plain", "down+/plain", "plain/plain"):
+            v = [r["paired"][label] for r in rows]
+            print(f"paired {label}: geomean {geo(v):.4f} (max {max(v):.4f})")
     if train_rows:
         print(f"training torch/ours geomean {geo([r['ratio'] for r in train_rows]):.3f} "
               f"(min {min(r['ratio'] for r in train_rows):.3f})")

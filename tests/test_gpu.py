@@ -479,6 +479,21 @@ def test_cuda_graph_replay_with_new_counts(backend, config):
         check(out, x, w, new, False, poison_rows_from=True)
 
 
+def test_paired_ratio_reads_one_and_two():
+    # bench.paired_ratio, the method issue 11's fused/plain ratios are read with: a call against itself
+    # reads 1, and against itself run twice reads 2 (a compute-bound matmul, so the second run's warm
+    # L2 barely shows), within a few percent on a power-capped card.
+    from cutlass_moe import bench
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    once = lambda: torch.mm(a, b)
+    same = bench.paired_ratio(once, once, ms=300, heat_ms=50)
+    twice = bench.paired_ratio(once, lambda: (once(), once()), ms=300, heat_ms=50)
+    assert same["pairs"] >= 20 and same["ratio_p25"] <= same["ratio"] <= same["ratio_p75"]
+    assert 0.98 < same["ratio"] < 1.02, same
+    assert 1.9 < twice["ratio"] < 2.1, twice
+
+
 def test_bench_times_ours_on_nk_weights(tmp_path):
     # python -m cutlass_moe.bench --variants nk: the headline call on the same weights stored (E, N, K)
     # (trans_b), checked per expert like every moe_gemm runner (the bench exits non-zero otherwise).

@@ -143,6 +143,48 @@ def median_of_rounds(runners: Dict[str, Callable[[], object]], rounds: int, warm
     return {name: statistics.median(ms) for name, ms in samples.items()}
 
 
+def paired_ratio(base: Callable[[], object], other: Callable[[], object], ms: float = 1500.0,
+                 heat_ms: float = HEAT_MS, max_pairs: int = 400) -> Dict[str, float]:
+    """How much longer `other` takes than `base`, to a fraction of a percent on a power-capped card.
+
+    The two calls run next to each other, L2 flushed before each as in do_bench, their order swapped
+    from one pair to the next, for about `ms` milliseconds after heating. Each pair gives the ratio of
+    its two CUDA-event times. The clock that the power cap sets moves by up to 10% over tens of
+    milliseconds, moving medians of separate rounds by 2-4% from one call to the next; the two calls of
+    a pair, a few milliseconds apart, see the same clock, so their ratio does not move with it.
+
+    Returns the median of the pairs' ratios, its 25th and 75th percentiles, each side's median ms, and
+    the number of pairs. Needs CUDA."""
+    flush = torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device="cuda")
+    heat(lambda: (base(), other()), heat_ms)
+    start = torch.cuda.Event(enable_timing=True)
+    end = torch.cuda.Event(enable_timing=True)
+    start.record()
+    base()
+    other()
+    end.record()
+    end.synchronize()
+    pairs = int(min(max_pairs, max(20, ms / max(start.elapsed_time(end), 1e-3))))
+    events = []
+    for i in range(pairs):
+        pair = []
+        for fn in ((base, other) if i % 2 == 0 else (other, base)):
+            flush.zero_()
+            ev = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            ev[0].record()
+            fn()
+            ev[1].record()
+            pair.append(ev)
+        events.append(pair if i % 2 == 0 else pair[::-1])  # (base, other) either way
+    torch.cuda.synchronize()
+    base_ms = [b[0].elapsed_time(b[1]) for b, _ in events]
+    other_ms = [o[0].elapsed_time(o[1]) for _, o in events]
+    ratios = sorted(o / b for b, o in zip(base_ms, other_ms))
+    q = statistics.quantiles(ratios, n=4)
+    return {"ratio": statistics.median(ratios), "ratio_p25": q[0], "ratio_p75": q[2],
+            "base_ms": statistics.median(base_ms), "other_ms": statistics.median(other_ms), "pairs": pairs}
+
+
 def measure_ceilings() -> Dict[str, float]:
     """This GPU's bf16 matmul rate (TFLOP/s) and copy bandwidth (TB/s, read + write), on random data."""
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)

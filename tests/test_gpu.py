@@ -494,6 +494,22 @@ def test_paired_ratio_reads_one_and_two():
     assert 1.9 < twice["ratio"] < 2.1, twice
 
 
+def test_bench_paired_reads_ours_against_the_best_peer(tmp_path):
+    # python -m cutlass_moe.bench --paired: the best peer's time over ours, call by call, beside the
+    # rounds' medians, and the same reading within the noise of those medians.
+    if not runs_here("moe"):
+        pytest.skip("no sm90 MoE kernels for this GPU")
+    import json
+    from cutlass_moe import bench
+    out = tmp_path / "bench.json"
+    assert bench.main(["--cases", "seed000-g8", "--variants", "", "--paired", "--json", str(out),
+                       "--warmup-ms", "2", "--rep-ms", "20"]) == 0
+    row = json.loads(out.read_text())["cases"][0]
+    paired = row["best_peer_paired"]
+    assert paired["pairs"] >= 20 and paired["ratio_p25"] <= paired["ratio"] <= paired["ratio_p75"]
+    assert 0.8 < paired["ratio"] / (row["best_peer_ms"] / row["moe_gemm_ms"]) < 1.25
+
+
 def test_bench_times_ours_on_nk_weights(tmp_path):
     # python -m cutlass_moe.bench --variants nk: the headline call on the same weights stored (E, N, K)
     # (trans_b), checked per expert like every moe_gemm runner (the bench exits non-zero otherwise).

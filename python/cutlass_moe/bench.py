@@ -10,6 +10,9 @@ roofline floor, speedup over each peer and over the best one) and writes JSON. E
 median of --rounds alternating rounds of every provider, after heating the GPU (heat): a card that
 paused for the checks boosts its clock, and would flatter whichever runner went first.
 
+``--paired`` also times ours against each case's best peer call by call (``paired_ratio``), a reading
+the power cap's clock does not move, for the cases within a few percent of a peer.
+
 ``--plot out.png`` draws each provider's time against the number of groups over the blog's sweep
 (the seed000-g8 ... g128 cases: 8 to 128 groups of one problem), or over the cases run when --cases
 leaves the sweep out (matplotlib, an optional extra: ``pip install matplotlib``).
@@ -322,6 +325,9 @@ def run_case(case: dict, counts: torch.Tensor, args, moe_gemm) -> dict:
     if peers:
         row["best_peer"] = min(peers, key=peers.get)
         row["best_peer_ms"] = peers[row["best_peer"]]
+        if args.paired and "moe_gemm" in timed:  # the best peer's time over ours, call by call
+            pr = paired_ratio(timed["moe_gemm"], timed[row["best_peer"]])
+            row["best_peer_paired"] = {k: pr[k] for k in ("ratio", "ratio_p25", "ratio_p75", "pairs")}
     return row
 
 
@@ -367,6 +373,17 @@ def print_table(rows: List[dict], ceilings: Dict[str, float]) -> None:
     if ratios:
         geo = 2 ** (sum(math.log2(v) for v in ratios) / len(ratios))
         print(f"ours vs the best peer: geomean {geo:.3f}x, min {min(ratios):.3f}x")
+    paired = [r for r in rows if "best_peer_paired" in r]
+    if paired:
+        print("ours vs the best peer, call by call (--paired: the median of each pair's peer time over ours, "
+              "quartiles):")
+        for r in paired:
+            p = r["best_peer_paired"]
+            print(f"  {r['name']:<20} {r['best_peer']:<20} {p['ratio']:.3f}x ({p['ratio_p25']:.3f}-{p['ratio_p75']:.3f}, "
+                  f"{p['pairs']} pairs)")
+        values = [r["best_peer_paired"]["ratio"] for r in paired]
+        geo = 2 ** (sum(math.log2(v) for v in values) / len(values))
+        print(f"  geomean {geo:.3f}x, min {min(values):.3f}x")
 
 
 def plot(rows: List[dict], path: str, device: str) -> None:
@@ -414,6 +431,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--rounds", type=int, default=5,
                         help="each time is the median of this many alternating rounds of all providers (default 5: "
                              "one runner's time moves by up to 10%% from round to round on a power-capped card)")
+    parser.add_argument("--paired", action="store_true",
+                        help="also time ours against each case's best peer call by call (paired_ratio: the two "
+                             "side by side, order swapped per pair), which the power cap's clock does not move: "
+                             "for the cases within a few percent of a peer")
     parser.add_argument("--warmup-ms", type=float, default=25.0)
     parser.add_argument("--rep-ms", type=float, default=100.0)
     parser.add_argument("--no-check", action="store_true", help="skip the float32 reference check")

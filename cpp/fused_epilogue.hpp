@@ -44,6 +44,11 @@ struct FusedEpilogue {
   float limit;
   bool seed_bias = false;  // the kernel seeds the accumulators with the bias (seed); load and apply skip it
 
+  // Whether apply() has work other than the row scale: a bias not seeded, an activation, a gated pair.
+  CUTLASS_DEVICE bool needs_pass_besides_row_scale() const {
+    return (bias != nullptr && !seed_bias) || activation != static_cast<int>(Activation::kNone) || gated;
+  }
+
   template <int kPairs>
   struct Operands {
     float scale[kPairs];  // of each accumulator pair's row
@@ -90,10 +95,11 @@ struct FusedEpilogue {
   }
 
   // accum: the thread's fragment, 2 kPairs values accum(i) in (even column, odd column) pairs; the
-  // tile's expert `expert`, its first column `first_col`.
+  // tile's expert `expert`, its first column `first_col`. with_row_scale: false where the kernel
+  // scales the rows as it converts the outputs (operands.scale then goes to the epilogue's hold()).
   template <class Accumulators, class Coords, int kPairs>
   CUTLASS_DEVICE void apply(Accumulators& accum, Coords const& coords, Operands<kPairs> const& operands, int expert,
-                            int first_col) const {
+                            int first_col, bool with_row_scale = true) const {
     using cute::get;
     if (bias != nullptr && !seed_bias) {
       const Element* bias_row = bias + int64_t(expert) * bias_stride;
@@ -116,7 +122,7 @@ struct FusedEpilogue {
         break;
       default: activate<Activation::kNone, 2 * kPairs>(accum); break;
     }
-    if (row_scale != nullptr) {
+    if (row_scale != nullptr && with_row_scale) {
       CUTLASS_PRAGMA_UNROLL
       for (int p = 0; p < kPairs; ++p) {
         accum(2 * p) *= operands.scale[p];

@@ -460,9 +460,11 @@ class CooperativeTmaStoreEpilogue {
 
   // Takes `tile`'s outputs out of the accumulators: the fusion's values, or for a gated tile each
   // pair's combined first value (the kernel's FusedEpilogue has made it). Every slice of the
-  // previous held tile must have been stored.
-  template <class Accumulators, class Registers>
-  CUTLASS_DEVICE void hold(MoeTile const& tile, Accumulators const& accum, Registers& held) {
+  // previous held tile must have been stored. With `scaled` (a plain tile's), each accumulator pair
+  // i / 2 is multiplied by row_scales[i / 2], its row's factor, as it is converted.
+  template <class Accumulators, class Registers, int kScales>
+  CUTLASS_DEVICE void hold(MoeTile const& tile, Accumulators const& accum, Registers& held,
+                           float const (&row_scales)[kScales], bool scaled) {
     using namespace cute;
     Tensor offsets = TiledMma{}.get_thread_slice(0).partition_C(
         make_identity_tensor(make_shape(Int<kTileM>{}, Int<kTileN>{})));
@@ -474,6 +476,19 @@ class CooperativeTmaStoreEpilogue {
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < size(accum); i += 2) {
         out[0] = Element(accum(i));
+        held(i / 2) = Held::pack(out);
+      }
+    } else if (scaled) {
+      static_assert(kScales == decltype(size(held))::value, "a factor per accumulator pair");
+      Fusion fusion(params_.fusion);
+      fusion.begin_tile(tile.expert);
+      const int row_start = part_row_start(tile), first_col = tile.n_tile * kTileN;
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < size(accum); i += 2) {
+        const float scale = row_scales[i / 2];
+        out = fusion.visit({accum(i) * scale, accum(i + 1) * scale},
+                           row_start + staging_.thread_row() + get<0>(offsets(i)),
+                           first_col + staging_.thread_col() + get<1>(offsets(i)));
         held(i / 2) = Held::pack(out);
       }
     } else {

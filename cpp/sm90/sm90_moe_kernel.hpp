@@ -379,8 +379,8 @@ class MoeGemmKernel {
   }
   template <class Accumulators>
   CUTLASS_DEVICE static void apply_fused(Fused const& fused, Accumulators& accum, FusedOperands const& operands,
-                                         MoeTile const& tile, int mma_thread) {
-    fused.apply(accum, fragment_coords(mma_thread), operands, tile.expert, tile.n_tile * kTileN);
+                                         MoeTile const& tile, int mma_thread, bool with_row_scale = true) {
+    fused.apply(accum, fragment_coords(mma_thread), operands, tile.expert, tile.n_tile * kTileN, with_row_scale);
   }
 
   // Seeds the tile's accumulators with its bias where the kernel does (kSeedsBias, seed_bias);
@@ -468,9 +468,17 @@ class MoeGemmKernel {
     }
     mainloop.mma_tail(pipeline, read_state, k_tiles);
     read_state.advance(k_tiles);
-    if (params.fused.enabled) apply_fused(params.fused, accum, fused, tile, mma_thread);
+    // A deferred plain tile's row scale is applied as hold() converts its outputs, in the same loop,
+    // and with nothing else to fuse (the MoE down projection) the fused pass is not entered: its
+    // code (every activation's unrolled loops) lies apart from the code every tile runs, and the
+    // jump there and back cost instruction-cache misses. qwen3-30b's down projection with its row
+    // scale went from 1.046x to 1.028x its plain GEMM (benchmarks/NOTES.md, twenty-second session).
+    const bool scale_in_hold = kDeferStores && !params.fused.gated && params.fused.row_scale != nullptr;
+    if (params.fused.enabled && (!scale_in_hold || params.fused.needs_pass_besides_row_scale())) {
+      apply_fused(params.fused, accum, fused, tile, mma_thread, /*with_row_scale=*/!scale_in_hold);
+    }
     if constexpr (kDeferStores) {
-      epilogue.hold(kWide ? epilogue_part(tile, consumer) : tile, accum, held);
+      epilogue.hold(kWide ? epilogue_part(tile, consumer) : tile, accum, held, fused.scale, scale_in_hold);
     } else {
       epilogue.store(kWide ? epilogue_part(tile, consumer) : tile, accum);
     }

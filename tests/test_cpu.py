@@ -449,6 +449,49 @@ def test_bench_peers_and_plot(tmp_path):
         assert path.stat().st_size > 1000
 
 
+def test_paired_ratio_pairs_each_call_with_its_neighbour(monkeypatch):
+    # bench.paired_ratio on a fake clock: `other` takes 1.1x `base` while the clock's speed drifts
+    # from pair to pair (as a power-capped card's does); each pair's ratio stays 1.1 whichever call
+    # goes first, and the medians of each side's times follow the drift.
+    from cutlass_moe import bench
+    clock = {"now": 0.0, "speed": 1.0, "order": []}
+
+    class FakeEvent:
+        def __init__(self, enable_timing=False):
+            self.t = None
+
+        def record(self):
+            self.t = clock["now"]
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, end):
+            return end.t - self.t
+
+    def call(name, cost):
+        def fn():
+            clock["order"].append(name)
+            clock["now"] += cost / clock["speed"]
+        return fn
+
+    class Flush:
+        def zero_(self):
+            clock["speed"] = 1.0 + 0.1 * (len(clock["order"]) // 2 % 3)  # a new clock every pair
+
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(bench, "_l2_flush_buffer", lambda: Flush())
+    monkeypatch.setattr(bench, "heat", lambda fn, ms=bench.HEAT_MS: None)
+    result = bench.paired_ratio(call("base", 1.0), call("other", 1.1), ms=63.0)
+    assert result["pairs"] == 30  # 63 ms over 2.1 ms per pair
+    assert abs(result["ratio"] - 1.1) < 1e-9 and abs(result["ratio_p25"] - 1.1) < 1e-9
+    # the first pair (base, other) after the one-pair estimate, then swapped pair by pair
+    assert clock["order"][2:8] == ["base", "other", "other", "base", "base", "other"]
+    assert 0.9 < result["base_ms"] < 1.0 and abs(result["other_ms"] / result["base_ms"] - 1.1) < 1e-9
+    assert bench.paired_ratio(call("base", 1.0), call("other", 1.1), ms=1.0)["pairs"] == 20  # at least 20
+
+
 def test_median_of_rounds_heats_with_the_first_runner(monkeypatch):
     # A card that paused boosts its clock: the first runner heats the GPU before any round, then the
     # rounds alternate their order and each runner keeps its median. bench --rounds must be >= 1.

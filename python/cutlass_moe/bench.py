@@ -149,6 +149,11 @@ def median_of_rounds(runners: Dict[str, Callable[[], object]], rounds: int, warm
     return {name: statistics.median(ms) for name, ms in samples.items()}
 
 
+def _l2_flush_buffer() -> torch.Tensor:
+    """256 MB to zero before a timed call, as triton's do_bench does: more than any L2 holds."""
+    return torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device="cuda")
+
+
 def paired_ratio(base: Callable[[], object], other: Callable[[], object], ms: float = 1500.0,
                  heat_ms: float = HEAT_MS, max_pairs: int = 400) -> Dict[str, float]:
     """How much longer `other` takes than `base`, to a fraction of a percent on a power-capped card.
@@ -166,7 +171,7 @@ def paired_ratio(base: Callable[[], object], other: Callable[[], object], ms: fl
 
     Returns the median of the pairs' ratios, its 25th and 75th percentiles, each side's median ms, and
     the number of pairs. Needs CUDA."""
-    flush = torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device="cuda")
+    flush = _l2_flush_buffer()
     heat(lambda: (base(), other()), heat_ms)
     start = torch.cuda.Event(enable_timing=True)
     end = torch.cuda.Event(enable_timing=True)

@@ -21,7 +21,10 @@ namespace cutlass_moe {
 // a cute tuple whose value offsets are compile-time constants once the loops unroll. A launch without it pays one uniform branch
 // per tile: the per-element work sits in its own unrolled loops, one per activation (a fragment
 // indexed at run time would live in local memory), never in the epilogue's store loops (a
-// per-element switch there once made every call 1.36x slower, benchmarks/NOTES.md).
+// per-element switch there once made every call 1.36x slower, benchmarks/NOTES.md). One exception:
+// the sm90 cooperative tiles that defer their stores multiply a plain tile's rows by their scale
+// as they convert the outputs (CooperativeTmaStoreEpilogue::hold), and skip apply() when the row
+// scale is all there is (needs_pass_besides_row_scale).
 //
 // Its per-row and per-column reads are unconditional (indices clamped into the tensors; the rows
 // and columns past T and N belong to a partial tile and are never stored), so that the repeats in

@@ -83,6 +83,11 @@ def floor_ms(case: dict, counts: torch.Tensor, tflops: float, tbps: float, elem_
     return max(flops / (tflops * 1e12), bytes_moved / (tbps * 1e12)) * 1e3
 
 
+def _l2_flush_buffer() -> torch.Tensor:
+    """256 MB to zero before a timed call, as triton's do_bench does: more than any L2 holds."""
+    return torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device="cuda")
+
+
 def _do_bench(fn: Callable[[], object], warmup_ms: float, rep_ms: float) -> float:
     """Median ms. triton.testing.do_bench (which flushes L2 between runs) when Triton is there,
     else the same method with CUDA events."""
@@ -91,7 +96,7 @@ def _do_bench(fn: Callable[[], object], warmup_ms: float, rep_ms: float) -> floa
         return float(do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
     except ImportError:
         pass
-    flush = torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device="cuda")
+    flush = _l2_flush_buffer()
     fn()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -147,11 +152,6 @@ def median_of_rounds(runners: Dict[str, Callable[[], object]], rounds: int, warm
         for name in (list(runners) if r % 2 == 0 else list(reversed(runners))):
             samples[name].append(_do_bench(runners[name], warmup_ms, rep_ms))
     return {name: statistics.median(ms) for name, ms in samples.items()}
-
-
-def _l2_flush_buffer() -> torch.Tensor:
-    """256 MB to zero before a timed call, as triton's do_bench does: more than any L2 holds."""
-    return torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device="cuda")
 
 
 def paired_ratio(base: Callable[[], object], other: Callable[[], object], ms: float = 1500.0,
@@ -348,6 +348,10 @@ def _fmt(v, spec: str) -> str:
     return format(v, spec) if isinstance(v, (int, float)) else "-"
 
 
+def _geomean(values: List[float]) -> float:
+    return 2 ** (sum(math.log2(v) for v in values) / len(values))
+
+
 def print_table(rows: List[dict], ceilings: Dict[str, float]) -> None:
     head = (f"{'case':<20} {'ours ms':>8} {'grouped':>8} {'moe':>8} {'gmm ms':>8} {'gmm nk':>8} {'loop ms':>8} "
             f"{'streams':>8} {'bmm ms':>8} {'TFLOP/s':>8} {'floor':>7} {'%floor':>7} {'%floor*':>7} {'x gmm':>6} "
@@ -384,8 +388,7 @@ def print_table(rows: List[dict], ceilings: Dict[str, float]) -> None:
           f"torch.mm loop / the fastest peer.")
     ratios = [r["best_peer_ms"] / r["moe_gemm_ms"] for r in rows if r.get("best_peer_ms") and r.get("moe_gemm_ms")]
     if ratios:
-        geo = 2 ** (sum(math.log2(v) for v in ratios) / len(ratios))
-        print(f"ours vs the best peer: geomean {geo:.3f}x, min {min(ratios):.3f}x")
+        print(f"ours vs the best peer: geomean {_geomean(ratios):.3f}x, min {min(ratios):.3f}x")
     paired = [r for r in rows if "best_peer_paired" in r]
     if paired:
         print("ours vs the best peer, call by call (--paired: the median of each pair's peer time over ours, "
@@ -395,8 +398,7 @@ def print_table(rows: List[dict], ceilings: Dict[str, float]) -> None:
             print(f"  {r['name']:<20} {r['best_peer']:<20} {p['ratio']:.3f}x ({p['ratio_p25']:.3f}-{p['ratio_p75']:.3f}, "
                   f"{p['pairs']} pairs)")
         values = [r["best_peer_paired"]["ratio"] for r in paired]
-        geo = 2 ** (sum(math.log2(v) for v in values) / len(values))
-        print(f"  geomean {geo:.3f}x, min {min(values):.3f}x")
+        print(f"  geomean {_geomean(values):.3f}x, min {min(values):.3f}x")
 
 
 def plot(rows: List[dict], path: str, device: str) -> None:

@@ -46,6 +46,10 @@ struct FusedEpilogue {
   float alpha;   // Activation::kSwigluOai
   float limit;
   bool seed_bias = false;  // the kernel seeds the accumulators with the bias (seed); load and apply skip it
+  // A gated launch whose whole per-element work is act(gate) * up (no bias left to add: none, or
+  // seeded; no row scale): its activation, else kNone. Set on the host, so that the sm90 kernel's
+  // test of it at each tile is one parameter read (its cooperative_tile).
+  int gated_alone = 0;
 
   // Whether apply() has work other than the row scale: a bias not seeded, an activation, a gated pair.
   CUTLASS_DEVICE bool needs_pass_besides_row_scale() const {

@@ -43,6 +43,9 @@ void MoeGemmInstance<kDType, kLayout, kConfig>::run(const MoeGemmProblem& p, voi
                 static_cast<int>(p.num_tokens), static_cast<int>(p.n), has_fused_epilogue(p), p.gated,
                 p.alpha, p.limit};
   args.fused.seed_bias = Kernel::kSeedsBias && p.bias != nullptr;
+  args.fused.gated_alone = p.gated && p.row_scale == nullptr && (p.bias == nullptr || args.fused.seed_bias)
+                               ? static_cast<int>(p.activation)
+                               : static_cast<int>(Activation::kNone);
   const bool interleaved = has_interleaved_groups(p);
   args.tokens_per_expert = interleaved ? nullptr : p.tokens_per_expert;
   args.counts_are_int64 = p.count_type == IndexType::kInt64;

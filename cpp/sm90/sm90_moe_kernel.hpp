@@ -473,8 +473,19 @@ class MoeGemmKernel {
     // code (every activation's unrolled loops) lies apart from the code every tile runs, and the
     // jump there and back cost instruction-cache misses. qwen3-30b's down projection with its row
     // scale went from 1.046x to 1.028x its plain GEMM (benchmarks/NOTES.md, twenty-second session).
+    // A gated tile whose fusion is the activation alone gets it here, in a loop of its own, for the
+    // two that MoE layers use: SwiGLU where the stores are deferred (no bias), gpt-oss's with its
+    // bias seeded (never deferred).
     const bool scale_in_hold = kDeferStores && !params.fused.gated && params.fused.row_scale != nullptr;
-    if (params.fused.enabled && (!scale_in_hold || params.fused.needs_pass_besides_row_scale())) {
+    const int gated_alone = params.fused.gated_alone;
+    if (kDeferStores && gated_alone == static_cast<int>(Activation::kSilu)) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < size(accum); i += 2) accum(i) = activate<Activation::kSilu>(accum(i)) * accum(i + 1);
+    } else if (!kDeferStores && gated_alone == static_cast<int>(Activation::kSwigluOai)) {
+      const float alpha = params.fused.alpha, limit = params.fused.limit;
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < size(accum); i += 2) accum(i) = swiglu_oai(accum(i), accum(i + 1), alpha, limit);
+    } else if (params.fused.enabled && (!scale_in_hold || params.fused.needs_pass_besides_row_scale())) {
       apply_fused(params.fused, accum, fused, tile, mma_thread, /*with_row_scale=*/!scale_in_hold);
     }
     if constexpr (kDeferStores) {

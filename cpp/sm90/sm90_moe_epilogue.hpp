@@ -31,6 +31,8 @@
 
 #include "sm90/sm90_tma_encode.hpp"  // first: routes every TMA encode through a checked call
 
+#include <type_traits>
+
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
 #include <cutlass/cutlass.h>
@@ -478,25 +480,19 @@ class CooperativeTmaStoreEpilogue {
         out[0] = Element(accum(i));
         held(i / 2) = Held::pack(out);
       }
-    } else if (scaled) {
-      static_assert(kScales == decltype(size(held))::value, "a factor per accumulator pair");
-      Fusion fusion(params_.fusion);
-      fusion.begin_tile(tile.expert);
-      const int row_start = part_row_start(tile), first_col = tile.n_tile * kTileN;
-      CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < size(accum); i += 2) {
-        const float scale = row_scales[i / 2];
-        out = fusion.visit({accum(i) * scale, accum(i + 1) * scale},
-                           row_start + staging_.thread_row() + get<0>(offsets(i)),
-                           first_col + staging_.thread_col() + get<1>(offsets(i)));
-        held(i / 2) = Held::pack(out);
-      }
     } else {
-      auto value = fused_values(tile, accum);
-      CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < size(accum); i += 2) {
-        out = value(i, staging_.thread_row() + get<0>(offsets(i)), staging_.thread_col() + get<1>(offsets(i)));
-        held(i / 2) = Held::pack(out);
+      static_assert(kScales == decltype(size(held))::value, "a factor per accumulator pair");
+      auto hold_values = [&](auto const& value) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < size(accum); i += 2) {
+          out = value(i, staging_.thread_row() + get<0>(offsets(i)), staging_.thread_col() + get<1>(offsets(i)));
+          held(i / 2) = Held::pack(out);
+        }
+      };
+      if (scaled) {
+        hold_values(fused_values(tile, accum, [&](int i) { return row_scales[i / 2]; }));
+      } else {
+        hold_values(fused_values(tile, accum));
       }
     }
     held_.hold(tile);
@@ -547,13 +543,20 @@ class CooperativeTmaStoreEpilogue {
 
   // The fusion's outputs of `tile`'s accumulators, as value(i, row, col) for the pair i at (row, col)
   // of the consumer's part (CooperativeSliceStaging::stage's form).
-  template <class Accumulators>
-  CUTLASS_DEVICE auto fused_values(MoeTile const& tile, Accumulators const& accum) const {
+  // scale_of(i): the factor of pair i's row (hold()'s row scale); One: none.
+  struct One {};
+  template <class Accumulators, class ScaleOf = One>
+  CUTLASS_DEVICE auto fused_values(MoeTile const& tile, Accumulators const& accum, ScaleOf scale_of = {}) const {
     Fusion fusion(params_.fusion);
     fusion.begin_tile(tile.expert);
-    return [fusion, &accum, row_start = part_row_start(tile), first_col = tile.n_tile * kTileN](int i, int row,
-                                                                                                 int col) {
-      return fusion.visit({accum(i), accum(i + 1)}, row_start + row, first_col + col);
+    return [fusion, &accum, scale_of, row_start = part_row_start(tile), first_col = tile.n_tile * kTileN](
+               int i, int row, int col) {
+      if constexpr (std::is_same_v<ScaleOf, One>) {
+        return fusion.visit({accum(i), accum(i + 1)}, row_start + row, first_col + col);
+      } else {
+        const float scale = scale_of(i);
+        return fusion.visit({accum(i) * scale, accum(i + 1) * scale}, row_start + row, first_col + col);
+      }
     };
   }
 

@@ -21,10 +21,11 @@ namespace cutlass_moe {
 // a cute tuple whose value offsets are compile-time constants once the loops unroll. A launch without it pays one uniform branch
 // per tile: the per-element work sits in its own unrolled loops, one per activation (a fragment
 // indexed at run time would live in local memory), never in the epilogue's store loops (a
-// per-element switch there once made every call 1.36x slower, benchmarks/NOTES.md). One exception:
-// the sm90 cooperative tiles that defer their stores multiply a plain tile's rows by their scale
-// as they convert the outputs (CooperativeTmaStoreEpilogue::hold), and skip apply() when the row
-// scale is all there is (needs_pass_besides_row_scale).
+// per-element switch there once made every call 1.36x slower, benchmarks/NOTES.md). Two exceptions,
+// in the sm90 cooperative tiles: they multiply a plain tile's rows by their scale as they convert
+// the outputs (CooperativeTmaStoreEpilogue::hold and store) and skip apply() when the row scale is
+// all there is (needs_pass_besides_row_scale); and a gated tile whose activation is its whole
+// fusion (gated_alone) runs it in a loop of the kernel's own (MoeGemmKernel::cooperative_tile).
 //
 // Its per-row and per-column reads are unconditional (indices clamped into the tensors; the rows
 // and columns past T and N belong to a partial tile and are never stored), so that the repeats in

@@ -511,18 +511,26 @@ class CooperativeTmaStoreEpilogue {
   }
 
   // Stores `tile` straight from its accumulators, slice after slice (where the kernel does not
-  // defer): the fusion's values, or a gated tile's combined first values.
-  template <class Accumulators>
-  CUTLASS_DEVICE void store(MoeTile const& tile, Accumulators const& accum) {
+  // defer): the fusion's values, or a gated tile's combined first values. With `scaled` (a plain
+  // tile's), each pair i / 2 is multiplied by row_scales[i / 2] as in hold().
+  template <class Accumulators, int kScales>
+  CUTLASS_DEVICE void store(MoeTile const& tile, Accumulators const& accum, float const (&row_scales)[kScales],
+                            bool scaled) {
     if (params_.gated) {
       CUTLASS_PRAGMA_UNROLL
       for (int slice = 0; slice < kSlices / 2; ++slice) {
         store_slice_from<2>(tile, slice, 0, [&](int i, int, int) { return Element(accum(i)); });
       }
     } else {
-      auto value = fused_values(tile, accum);
-      CUTLASS_PRAGMA_UNROLL
-      for (int slice = 0; slice < kSlices; ++slice) store_slice_from<1>(tile, slice, 0, value);
+      auto store_values = [&](auto const& value) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int slice = 0; slice < kSlices; ++slice) store_slice_from<1>(tile, slice, 0, value);
+      };
+      if (scaled) {
+        store_values(fused_values(tile, accum, [&](int i) { return row_scales[i / 2]; }));
+      } else {
+        store_values(fused_values(tile, accum));
+      }
     }
   }
 

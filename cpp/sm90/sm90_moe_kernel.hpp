@@ -468,15 +468,16 @@ class MoeGemmKernel {
     }
     mainloop.mma_tail(pipeline, read_state, k_tiles);
     read_state.advance(k_tiles);
-    // A deferred plain tile's row scale is applied as hold() converts its outputs, in the same loop,
-    // and with nothing else to fuse (the MoE down projection) the fused pass is not entered: its
-    // code (every activation's unrolled loops) lies apart from the code every tile runs, and the
-    // jump there and back cost instruction-cache misses. qwen3-30b's down projection with its row
-    // scale went from 1.046x to 1.028x its plain GEMM (benchmarks/NOTES.md, twenty-second session).
-    // A gated tile whose fusion is the activation alone gets it here, in a loop of its own, for the
-    // two that MoE layers use: SwiGLU where the stores are deferred (no bias), gpt-oss's with its
-    // bias seeded (never deferred).
-    const bool scale_in_hold = kDeferStores && !params.fused.gated && params.fused.row_scale != nullptr;
+    // A plain tile's row scale is applied as the epilogue converts its outputs (hold() where the
+    // stores are deferred, store() otherwise), in the same loop, and with nothing else to fuse (the
+    // MoE down projection, its bias seeded or absent) the fused pass is not entered: its code (every
+    // activation's unrolled loops) lies apart from the code every tile runs, and the jump there and
+    // back cost instruction-cache misses. qwen3-30b's down projection with its row scale went from
+    // 1.046x to 1.028x its plain GEMM, gpt-oss's with its bias from 1.023x to 1.019x (benchmarks/
+    // NOTES.md, twenty-second and twenty-third sessions). A gated tile whose fusion is the activation
+    // alone gets it here, in a loop of its own, for the two that MoE layers use: SwiGLU where the
+    // stores are deferred (no bias), gpt-oss's with its bias seeded (never deferred).
+    const bool scale_in_epilogue = !params.fused.gated && params.fused.row_scale != nullptr;
     const int gated_alone = params.fused.gated_alone;
     if (kDeferStores && gated_alone == static_cast<int>(Activation::kSilu)) {
       CUTLASS_PRAGMA_UNROLL
@@ -485,13 +486,13 @@ class MoeGemmKernel {
       const float alpha = params.fused.alpha, limit = params.fused.limit;
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < size(accum); i += 2) accum(i) = swiglu_oai(accum(i), accum(i + 1), alpha, limit);
-    } else if (params.fused.enabled && (!scale_in_hold || params.fused.needs_pass_besides_row_scale())) {
-      apply_fused(params.fused, accum, fused, tile, mma_thread, /*with_row_scale=*/!scale_in_hold);
+    } else if (params.fused.enabled && (!scale_in_epilogue || params.fused.needs_pass_besides_row_scale())) {
+      apply_fused(params.fused, accum, fused, tile, mma_thread, /*with_row_scale=*/!scale_in_epilogue);
     }
     if constexpr (kDeferStores) {
-      epilogue.hold(kWide ? epilogue_part(tile, consumer) : tile, accum, held, fused.scale, scale_in_hold);
+      epilogue.hold(kWide ? epilogue_part(tile, consumer) : tile, accum, held, fused.scale, scale_in_epilogue);
     } else {
-      epilogue.store(kWide ? epilogue_part(tile, consumer) : tile, accum);
+      epilogue.store(kWide ? epilogue_part(tile, consumer) : tile, accum, fused.scale, scale_in_epilogue);
     }
   }
 

@@ -551,7 +551,7 @@ class CooperativeTmaStoreEpilogue {
 
   // The fusion's outputs of `tile`'s accumulators, as value(i, row, col) for the pair i at (row, col)
   // of the consumer's part (CooperativeSliceStaging::stage's form).
-  // scale_of(i): the factor of pair i's row (hold()'s row scale); One: none.
+  // scale_of(i): the factor of pair i's row (the row scale of hold() and store()); One: none.
   struct One {};
   template <class Accumulators, class ScaleOf = One>
   CUTLASS_DEVICE auto fused_values(MoeTile const& tile, Accumulators const& accum, ScaleOf scale_of = {}) const {

@@ -398,6 +398,30 @@ def test_gpu_cooperative_deferred_stores(config, kind, trans_b, k):
 
 
 @gpu
+@pytest.mark.parametrize("trans_b", [False, True])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("config", ["sm90_cooperative_128x256x64_1x1x1", "sm90_cooperative_wide_64x512x32_1x1x1"])
+def test_gpu_cooperative_stores_scale_rows(config, dtype, trans_b):
+    # Where the cooperative and wide tiles store right after the mainloop (fp16; bf16 with fewer
+    # than 256 rows per expert, or with a bias, which seeds), their epilogue's store() multiplies the
+    # rows by their scale as it converts them; the fused pass runs only for what else there is (an
+    # activation, an fp16 bias). About 125 rows per expert (a zero-token expert, one larger), N's last
+    # tile partial, a partial last K block.
+    name = "fp16" if dtype == torch.float16 else "bf16"
+    if f"sm90:moe:{name}:{'nk' if trans_b else 'kn'}:{config}" not in cutlass_moe.built_configs():
+        pytest.skip(f"{config} is not built for {name} and this layout")
+    t, k, n, e = 2000, 264, 1056, 16
+    x, w, bias, scale, counts = make(t, k, n, e, dtype, "cuda", trans_b, seed=12)
+    counts[3] = 0
+    counts[-1] += t - 5 - int(counts.sum())  # the last expert takes the rows: a few more tiles
+    kw = dict(trans_b=trans_b, backend="moe", config=config)
+    for b, activation in ((None, None), (bias, None), (bias, "gelu_tanh"), (None, "silu")):
+        y = moe_gemm(x, w, counts.cuda(), bias=b, activation=activation, row_scale=scale, **kw)
+        want = moe_gemm_reference(x, w, counts, trans_b=trans_b, bias=b, activation=activation, row_scale=scale)
+        check(y, want, counts, t)
+
+
+@gpu
 def test_gpu_gated_n_not_a_multiple_of_16_runs_the_composite():
     t, k, inter, e = 300, 64, 12, 3  # N = 24
     x, gate, up, bg, bu, scale, counts = make_gated(t, k, inter, e, torch.bfloat16, "cuda", seed=10)

@@ -102,6 +102,21 @@ struct FusedEpilogue {
     }
   }
 
+  // act(gate) * up on every (gate, up) pair (i, i + 1), i even, into the pair's first value; gpt-oss's
+  // swiglu_oai with its alpha and clamp. apply()'s gated loop, and the sm90 kernel's own where the
+  // activation is the whole fusion (gated_alone).
+  template <Activation kActivation, int kValues, class Accumulators>
+  CUTLASS_DEVICE void gated_pairs(Accumulators& accum) const {
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < kValues; i += 2) {
+      if constexpr (kActivation == Activation::kSwigluOai) {
+        accum(i) = swiglu_oai(accum(i), accum(i + 1), alpha, limit);
+      } else {
+        accum(i) = cutlass_moe::activate<kActivation>(accum(i)) * accum(i + 1);
+      }
+    }
+  }
+
   // accum: the thread's fragment, 2 kPairs values accum(i) in (even column, odd column) pairs; the
   // tile's expert `expert`, its first column `first_col`. with_row_scale: false where the kernel
   // scales the rows as it converts the outputs (operands.scale then goes to the epilogue's hold()).
@@ -124,10 +139,7 @@ struct FusedEpilogue {
       case Activation::kGeluTanh: activate<Activation::kGeluTanh, 2 * kPairs>(accum); break;
       case Activation::kGelu: activate<Activation::kGelu, 2 * kPairs>(accum); break;
       case Activation::kSilu: activate<Activation::kSilu, 2 * kPairs>(accum); break;
-      case Activation::kSwigluOai:  // gated only (checked on the host)
-        CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < 2 * kPairs; i += 2) accum(i) = swiglu_oai(accum(i), accum(i + 1), alpha, limit);
-        break;
+      case Activation::kSwigluOai: gated_pairs<Activation::kSwigluOai, 2 * kPairs>(accum); break;  // gated only
       default: activate<Activation::kNone, 2 * kPairs>(accum); break;
     }
     if (row_scale != nullptr && with_row_scale) {
@@ -145,8 +157,7 @@ struct FusedEpilogue {
   template <Activation kActivation, int kValues, class Accumulators>
   CUTLASS_DEVICE void activate(Accumulators& accum) const {
     if (gated) {
-      CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < kValues; i += 2) accum(i) = cutlass_moe::activate<kActivation>(accum(i)) * accum(i + 1);
+      gated_pairs<kActivation, kValues>(accum);
     } else if constexpr (kActivation != Activation::kNone) {
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < kValues; ++i) accum(i) = cutlass_moe::activate<kActivation>(accum(i));

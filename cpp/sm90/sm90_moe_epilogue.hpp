@@ -482,18 +482,13 @@ class CooperativeTmaStoreEpilogue {
       }
     } else {
       static_assert(kScales == decltype(size(held))::value, "a factor per accumulator pair");
-      auto hold_values = [&](auto const& value) {
+      with_fused_values(tile, accum, row_scales, scaled, [&](auto const& value) {
         CUTLASS_PRAGMA_UNROLL
         for (int i = 0; i < size(accum); i += 2) {
           out = value(i, staging_.thread_row() + get<0>(offsets(i)), staging_.thread_col() + get<1>(offsets(i)));
           held(i / 2) = Held::pack(out);
         }
-      };
-      if (scaled) {
-        hold_values(fused_values(tile, accum, [&](int i) { return row_scales[i / 2]; }));
-      } else {
-        hold_values(fused_values(tile, accum));
-      }
+      });
     }
     held_.hold(tile);
   }
@@ -522,15 +517,10 @@ class CooperativeTmaStoreEpilogue {
         store_slice_from<2>(tile, slice, 0, [&](int i, int, int) { return Element(accum(i)); });
       }
     } else {
-      auto store_values = [&](auto const& value) {
+      with_fused_values(tile, accum, row_scales, scaled, [&](auto const& value) {
         CUTLASS_PRAGMA_UNROLL
         for (int slice = 0; slice < kSlices; ++slice) store_slice_from<1>(tile, slice, 0, value);
-      };
-      if (scaled) {
-        store_values(fused_values(tile, accum, [&](int i) { return row_scales[i / 2]; }));
-      } else {
-        store_values(fused_values(tile, accum));
-      }
+      });
     }
   }
 
@@ -546,6 +536,18 @@ class CooperativeTmaStoreEpilogue {
       store<2, 2>(step / 2, step % 2, held);
     } else {
       store<1, 1>(step, 0, held);
+    }
+  }
+
+  // Calls use(value) with the fusion's values (fused_values), each pair i / 2 multiplied by
+  // row_scales[i / 2] where `scaled`: hold()'s and store()'s two forms, each unrolled on its own.
+  template <class Accumulators, int kScales, class Use>
+  CUTLASS_DEVICE void with_fused_values(MoeTile const& tile, Accumulators const& accum,
+                                        float const (&row_scales)[kScales], bool scaled, Use&& use) const {
+    if (scaled) {
+      use(fused_values(tile, accum, [&](int i) { return row_scales[i / 2]; }));
+    } else {
+      use(fused_values(tile, accum));
     }
   }
 

@@ -480,12 +480,9 @@ class MoeGemmKernel {
     const bool scale_in_epilogue = !params.fused.gated && params.fused.row_scale != nullptr;
     const int gated_alone = params.fused.gated_alone;
     if (kDeferStores && gated_alone == static_cast<int>(Activation::kSilu)) {
-      CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < size(accum); i += 2) accum(i) = activate<Activation::kSilu>(accum(i)) * accum(i + 1);
+      params.fused.template gated_pairs<Activation::kSilu, 2 * kPairs>(accum);
     } else if (!kDeferStores && gated_alone == static_cast<int>(Activation::kSwigluOai)) {
-      const float alpha = params.fused.alpha, limit = params.fused.limit;
-      CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < size(accum); i += 2) accum(i) = swiglu_oai(accum(i), accum(i + 1), alpha, limit);
+      params.fused.template gated_pairs<Activation::kSwigluOai, 2 * kPairs>(accum);
     } else if (params.fused.enabled && (!scale_in_epilogue || params.fused.needs_pass_besides_row_scale())) {
       apply_fused(params.fused, accum, fused, tile, mma_thread, /*with_row_scale=*/!scale_in_epilogue);
     }

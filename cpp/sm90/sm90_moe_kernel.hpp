@@ -82,6 +82,19 @@ class MoeGemmKernel {
   struct HalfTileSlots {
     int tile[MaxThreadsPerBlock / cutlass::NumThreadsPerWarp];
   };
+  // The cooperative and wide tiles' units, as the producer warp finds them, for both consumers
+  // (UnitRecords).
+  struct alignas(16) UnitRecord {
+    MoeTile tile;
+    int half;            // CooperativeUnit::half
+    int owned_rows_end;  // the last record (tile not valid): the scheduler's owned_rows_end()
+  };
+  static constexpr int kUnitRecords = 8;  // more than any stage count: the ring never holds the producer back
+  using UnitPipeline = cutlass::PipelineAsync<kUnitRecords>;
+  struct UnitStorage {
+    alignas(16) typename UnitPipeline::SharedStorage pipeline;
+    UnitRecord record[kUnitRecords];
+  };
   // CUTLASS's collective builder for a tile, schedule and stage count. As a class template, it is
   // instantiated only where a kernel uses its `type`: std::conditional_t below picks between such
   // types without instantiating the one not taken (the wide tile's shapes are no builder's).
@@ -127,7 +140,7 @@ class MoeGemmKernel {
                          CooperativeTmaStoreEpilogue<Element, TiledMma, kTileM, kTileN, Fusion>>>;
   static constexpr int kCarveout = static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage) +
                                                     sizeof(typename MathOrderBarrier::SharedStorage) +
-                                                    sizeof(HalfTileSlots));
+                                                    sizeof(HalfTileSlots) + sizeof(UnitStorage));
   // As StageCountAutoCarveout: what shared memory holds besides the carve-out, a stage's operands
   // and its pipeline barriers (32 bytes) each.
   static constexpr int kWideStages =
@@ -159,7 +172,9 @@ class MoeGemmKernel {
     alignas(16) typename CollectiveMainloop::PipelineStorage pipeline;
     alignas(16) typename MathOrderBarrier::SharedStorage math_order;
     HalfTileSlots half_tile;
+    UnitStorage units;
   };
+  static_assert(kUnitRecords > CollectiveMainloop::DispatchPolicy::Stages);
   static constexpr int SharedStorageSize = static_cast<int>(sizeof(SharedStorage));
 
   // What the host knows. Leading dimensions and strides are in elements.
@@ -275,12 +290,11 @@ class MoeGemmKernel {
   using Fused = FusedEpilogue<Element>;
 
   // After a consumer's last tile: its share of the unowned rows (both consumers of every CTA split
-  // them), with the end of the owned rows from the consumer's own scheduler walk.
-  CUTLASS_DEVICE static void zero_unowned(Params const& params, Scheduler const& scheduler, int consumer,
-                                          int group_thread) {
+  // them). owned_rows_end: from the scheduler's walk to its end (Scheduler::owned_rows_end()).
+  CUTLASS_DEVICE static void zero_unowned(Params const& params, int owned_rows_end, int consumer, int group_thread) {
     if (params.unowned.out == nullptr) return;
     constexpr int64_t kThreads = cutlass::NumThreadsPerWarpGroup;
-    zero_rows(params.unowned.out, params.unowned.cols, params.unowned.ldout, scheduler.owned_rows_end(),
+    zero_rows(params.unowned.out, params.unowned.cols, params.unowned.ldout, owned_rows_end,
               params.problem.num_tokens,
               (int64_t(blockIdx.x) * kConsumers + consumer) * kThreads + group_thread,
               int64_t(gridDim.x) * kConsumers * kThreads);
@@ -363,6 +377,65 @@ class MoeGemmKernel {
     int64_t index_;
   };
 
+  // The cooperative and wide tiles' units, handed from the producer warp to both consumers through
+  // shared memory: a ring of kUnitRecords records behind a PipelineAsync (lane 0 of the producer
+  // fills a record, one lane of each consumer warp frees it). The producer walks the scheduler, and
+  // writes each unit as soon as it has found it, right after the previous tile's last loads. A
+  // consumer's step between two tiles is then a wait that has long completed and a read of shared
+  // memory. When each of the eight consumer warps walked a scheduler of its own, the step took about
+  // 870 cycles per tile with the tensor cores idle; handing the units over took 2.3% of the cycles
+  // and 1.7% of the sustained time off PR #263's shape (benchmarks/NOTES.md, "The producer hands the
+  // units to the consumers"). The last record has no valid tile and carries the end of the owned
+  // rows. The pingpong tile's consumers take alternate tiles and keep their own walk: the kernel
+  // initializes the ring's barriers there too, and leaves it unused.
+  class UnitRecords {
+   public:
+    static constexpr uint32_t kConsumerWarps = kConsumers * cutlass::NumWarpsPerWarpGroup;
+
+    CUTLASS_DEVICE UnitRecords(UnitStorage& storage, bool is_producer, bool is_consumer)
+        : pipeline_(storage.pipeline, pipeline_params(is_producer, is_consumer)),
+          records_(storage.record),
+          state_(is_producer ? cutlass::make_producer_start_state<UnitPipeline>()
+                             : typename UnitPipeline::PipelineState{}) {}
+
+    // The producer warp, every lane: each unit as found, then the invalid one after the last.
+    CUTLASS_DEVICE void put(CooperativeUnit const& unit, Scheduler const& scheduler) {
+      const int owned_rows_end = unit.tile.valid ? 0 : scheduler.owned_rows_end();  // warp-wide
+      pipeline_.producer_acquire(state_);
+      if (cute::elect_one_sync()) {
+        records_[state_.index()] = {unit.tile, unit.half, owned_rows_end};
+        pipeline_.producer_commit(state_);
+      }
+      __syncwarp();
+      ++state_;
+    }
+
+    // A consumer warp, every lane: the next unit.
+    CUTLASS_DEVICE UnitRecord take() {
+      pipeline_.consumer_wait(state_);
+      const UnitRecord record = records_[state_.index()];
+      __syncwarp();  // every lane has read the record before it is freed
+      if (cute::elect_one_sync()) pipeline_.consumer_release(state_);
+      ++state_;
+      return record;
+    }
+
+   private:
+    CUTLASS_DEVICE static typename UnitPipeline::Params pipeline_params(bool is_producer, bool is_consumer) {
+      typename UnitPipeline::Params params;
+      params.role = is_producer   ? UnitPipeline::ThreadCategory::Producer
+                    : is_consumer ? UnitPipeline::ThreadCategory::Consumer
+                                  : UnitPipeline::ThreadCategory::NonParticipant;
+      params.producer_arv_count = 1;
+      params.consumer_arv_count = kConsumerWarps;
+      return params;
+    }
+
+    UnitPipeline pipeline_;
+    UnitRecord* records_;
+    typename UnitPipeline::PipelineState state_;
+  };
+
   static constexpr int kPairs = decltype(cute::size(cute::partition_fragment_C(
       TiledMma{}, cute::take<0, 2>(TileShape{}))))::value / 2;  // accumulator pairs per thread
   using FusedOperands = typename Fused::template Operands<kPairs>;
@@ -429,20 +502,21 @@ class MoeGemmKernel {
     tile.n_tile = tile.n_tile * 2 + consumer;
     return tile;
   }
+  // Returns the end of the owned rows (zero_unowned).
   template <bool kDeferStores>
-  CUTLASS_DEVICE static void wide_tiles(Params const& params, SharedStorage& storage, Pipeline& pipeline,
-                                        Scheduler& scheduler, CollectiveEpilogue& epilogue, int k_tiles, int consumer,
-                                        int mma_thread) {
+  CUTLASS_DEVICE static int wide_tiles(Params const& params, SharedStorage& storage, Pipeline& pipeline,
+                                       UnitRecords& units, CollectiveEpilogue& epilogue, int k_tiles, int consumer,
+                                       int mma_thread) {
     using namespace cute;
     PipelineState read_state;
     auto held = CollectiveEpilogue::Held::make_registers(partition_fragment_C(TiledMma{}, take<0, 2>(TileShape{})));
-    for (int64_t index = blockIdx.x;; index += gridDim.x) {
-      const MoeTile tile = scheduler.tile(index);
-      if (!tile.valid) break;
-      cooperative_tile<kDeferStores>(params, storage, pipeline, read_state, epilogue, held, tile, k_tiles, consumer,
-                                     mma_thread);
+    UnitRecord unit = units.take();
+    for (; unit.tile.valid; unit = units.take()) {
+      cooperative_tile<kDeferStores>(params, storage, pipeline, read_state, epilogue, held, unit.tile, k_tiles,
+                                     consumer, mma_thread);
     }
     if constexpr (kDeferStores) epilogue.store_all(held);
+    return unit.owned_rows_end;
   }
 
   // One tile of cooperative_tiles or wide_tiles: its mainloop, fusion and store (kDeferStores: the
@@ -497,33 +571,30 @@ class MoeGemmKernel {
   // and are stored while the next tile's first K blocks run, one slice per block
   // (sm90_moe_epilogue.hpp). Otherwise each tile is stored right after its mainloop, and the
   // accumulators may be seeded (the registers cannot hold a tile's outputs and seeded
-  // accumulators at once).
+  // accumulators at once). The units are the producer's (UnitRecords). Returns the end of the owned
+  // rows (zero_unowned).
   template <bool kDeferStores>
-  CUTLASS_DEVICE static void cooperative_tiles(Params const& params, SharedStorage& storage, Pipeline& pipeline,
-                                               Scheduler& scheduler, CollectiveEpilogue& epilogue, int k_tiles,
-                                               int mma_thread) {
+  CUTLASS_DEVICE static int cooperative_tiles(Params const& params, SharedStorage& storage, Pipeline& pipeline,
+                                              UnitRecords& units, CollectiveEpilogue& epilogue, int k_tiles,
+                                              int mma_thread) {
     using namespace cute;
     CollectiveMainloop mainloop;
     PipelineState read_state;
     auto held = CollectiveEpilogue::Held::make_registers(partition_fragment_C(TiledMma{}, take<0, 2>(TileShape{})));
-    CooperativeUnits units(storage.half_tile);
-    if (params.halve_last_round) units.plan(scheduler, storage.half_tile);
-    while (true) {
-      const CooperativeUnit unit = units.next(scheduler, storage.half_tile);
-      MoeTile const& tile = unit.tile;
-      if (!tile.valid) break;
+    UnitRecord unit = units.take();
+    for (; unit.tile.valid; unit = units.take()) {
       if (unit.half && mma_thread >= cutlass::NumThreadsPerWarpGroup) {
         // Consumer 1 has no rows in a half tile, the CTA's last unit: its stages, without MMAs.
         if constexpr (kDeferStores) epilogue.store_all(held);
         stages_without_mma(pipeline, read_state, k_tiles);
         mainloop.mma_tail(pipeline, read_state, k_tiles);
-        units.next(scheduler, storage.half_tile);  // walks the scheduler to its end (zero_unowned's owned_rows_end)
-        return;
+        return units.take().owned_rows_end;  // the last record
       }
-      cooperative_tile<kDeferStores>(params, storage, pipeline, read_state, epilogue, held, tile, k_tiles,
+      cooperative_tile<kDeferStores>(params, storage, pipeline, read_state, epilogue, held, unit.tile, k_tiles,
                                      /*consumer=*/0, mma_thread);
     }
     if constexpr (kDeferStores) epilogue.store_all(held);
+    return unit.owned_rows_end;
   }
 };
 
@@ -560,6 +631,8 @@ CUTLASS_DEVICE void MoeGemmKernel<Element, LayoutB, Config, Fusion>::operator()(
   order_params.group_size = cutlass::NumThreadsPerWarpGroup;
   MathOrderBarrier math_order(storage.math_order, order_params);
 
+  UnitRecords units(storage.units, is_producer, warp_group > 0);  // the cooperative and wide tiles'
+
   __syncthreads();  // barrier initialization is visible to every warp
 
   Scheduler scheduler(params.scheduler);
@@ -580,10 +653,12 @@ CUTLASS_DEVICE void MoeGemmKernel<Element, LayoutB, Config, Fusion>::operator()(
     Tensor mB = params.mainloop.tma_load_b.get_tma_tensor(make_shape(p.n, p.k, p.num_experts));
     auto write_state = cutlass::make_producer_start_state<Pipeline>();
     // Pingpong: tiles first, first + grid, ...; cooperative: the same, or half tiles at the end.
-    CooperativeUnits units(storage.half_tile);
-    if (!kPingpong && !kWide && params.halve_last_round) units.plan(scheduler, storage.half_tile);
+    CooperativeUnits walk(storage.half_tile);
+    if (!kPingpong && !kWide && params.halve_last_round) walk.plan(scheduler, storage.half_tile);
     while (true) {
-      MoeTile tile = units.next(scheduler, storage.half_tile).tile;
+      const CooperativeUnit unit = walk.next(scheduler, storage.half_tile);
+      if constexpr (!kPingpong) units.put(unit, scheduler);
+      MoeTile const& tile = unit.tile;
       if (!tile.valid) break;
       // x: the tile's rows [first_row, first_row + rows) are the box at (kTileM - rows, k,
       // first_row + rows) of the ragged view; TMA zero-fills its other rows without reading them.
@@ -626,34 +701,38 @@ CUTLASS_DEVICE void MoeGemmKernel<Element, LayoutB, Config, Fusion>::operator()(
         epilogue.store(tile, accum);
       }
       epilogue.store_tail();
-      zero_unowned(params, scheduler, consumer, group_thread);
+      zero_unowned(params, scheduler.owned_rows_end(), consumer, group_thread);
     } else if constexpr (kWide) {
       const int mma_thread = threadIdx.x - cutlass::NumThreadsPerWarpGroup;  // both consumers: 0..255
       CollectiveEpilogue epilogue(params.epilogue, storage.epilogue, consumer, mma_thread, group_thread);
+      int owned_rows_end;
       if (kDefersStores && params.defer_stores && k_tiles >= CollectiveEpilogue::kSlices &&
           !(kSeedsBias && params.fused.seed_bias)) {
-        wide_tiles</*kDeferStores=*/true>(params, storage, pipeline, scheduler, epilogue, k_tiles, consumer, mma_thread);
+        owned_rows_end = wide_tiles</*kDeferStores=*/true>(params, storage, pipeline, units, epilogue, k_tiles,
+                                                           consumer, mma_thread);
       } else {
-        wide_tiles</*kDeferStores=*/false>(params, storage, pipeline, scheduler, epilogue, k_tiles, consumer,
-                                           mma_thread);
+        owned_rows_end = wide_tiles</*kDeferStores=*/false>(params, storage, pipeline, units, epilogue, k_tiles,
+                                                            consumer, mma_thread);
       }
       epilogue.store_tail();
-      zero_unowned(params, scheduler, consumer, group_thread);
+      zero_unowned(params, owned_rows_end, consumer, group_thread);
     } else {
       const int mma_thread = threadIdx.x - cutlass::NumThreadsPerWarpGroup;  // both consumers: 0..255
       CollectiveEpilogue epilogue(params.epilogue, storage.epilogue, consumer, mma_thread, group_thread);
+      int owned_rows_end;
       // Two loops, so that each has the registers to itself: a launch seeds its accumulators
       // (bf16 with a bias) or defers its stores into the next tile's mainloop, never both.
       // Deferred stores need a K block per slice (kSlices), which every MoE layer has (K >= 256).
       if (kDefersStores && params.defer_stores && k_tiles >= CollectiveEpilogue::kSlices &&
           !(kSeedsBias && params.fused.seed_bias)) {
-        cooperative_tiles</*kDeferStores=*/true>(params, storage, pipeline, scheduler, epilogue, k_tiles, mma_thread);
+        owned_rows_end = cooperative_tiles</*kDeferStores=*/true>(params, storage, pipeline, units, epilogue, k_tiles,
+                                                                  mma_thread);
       } else {
-        cooperative_tiles</*kDeferStores=*/false>(params, storage, pipeline, scheduler, epilogue, k_tiles,
-                                                  mma_thread);
+        owned_rows_end = cooperative_tiles</*kDeferStores=*/false>(params, storage, pipeline, units, epilogue,
+                                                                   k_tiles, mma_thread);
       }
       epilogue.store_tail();
-      zero_unowned(params, scheduler, consumer, group_thread);
+      zero_unowned(params, owned_rows_end, consumer, group_thread);
     }
   }
 #else

@@ -461,6 +461,29 @@ def test_no_copies_cuda(dtype, bias):
 
 
 @requires_cuda
+@pytest.mark.parametrize("dtype", [BF16, FP16], ids=str)
+@pytest.mark.parametrize("shape", [(40, 8, 128, 2048), (40, 8, 128, 1024), (40, 4, 128, 2048)],
+                         ids=["n2048-g8", "n1024", "g4"])
+def test_no_bias_kernel_choice_cuda(monkeypatch, shape, dtype):
+    # Without a bias: our MoE kernel over interleaved groups for bf16 with N >= 2048 and G >= 8
+    # (where the build has it), else cuBLAS's bmm; the output against the float32 loop either way,
+    # forward and backward.
+    import sys
+    from conftest import runs_here
+    gl = sys.modules["cutlass_moe.grouped_linear"]
+    calls = []
+    real = gl._interleaved_linear
+    monkeypatch.setattr(gl, "_interleaved_linear", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    b, g, k, n = shape
+    with torch.no_grad():
+        x, w, _ = make(b, g, k, n, dtype, "cuda", bias=False)
+        check(grouped_linear(x, w), loop_linear(x, w), dtype, 1, "y")
+    takes = dtype == BF16 and n >= 2048 and g >= 8 and runs_here("moe")
+    assert calls == ([1] if takes else []), (calls, takes)
+    run_grouped_linear_case(b, g, k, n, dtype, "cuda", "3d", False)
+
+
+@requires_cuda
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "unfused"])
 @pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
 @pytest.mark.parametrize("dtype", [BF16, FP16], ids=str)

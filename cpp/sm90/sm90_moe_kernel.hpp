@@ -9,7 +9,8 @@
 //     to_underlying_arguments (sm90_moe_descriptors.hpp): x through one ragged TMA view, so a tile
 //     loads exactly its expert's rows, weights through one descriptor with the expert as batch;
 //   - scheduler: MoeTileScheduler (moe_tile_scheduler.hpp), which finds each tile's expert and row
-//     offset on the device;
+//     offset on the device: the producer warp walks it, and the cooperative and wide tiles'
+//     consumers take its units from shared memory (UnitRecords; the pingpong's walk their own);
 //   - epilogue: sm90_moe_epilogue.hpp, with the fusion interface both epilogues call.
 //
 // Warp group 0 produces (one warp issues the TMA loads); warp groups 1 and 2 consume:
@@ -77,8 +78,9 @@ class MoeGemmKernel {
   static constexpr uint32_t MinBlocksPerMultiprocessor = 1;
 
   using MathOrderBarrier = cutlass::OrderedSequenceBarrier<1, kConsumers>;       // one WGMMA issuer at a time
-  // Each warp's tile of the halved last round (CooperativeUnits): in shared memory, not in a
-  // register, which the consumers' loop has none left for.
+  // A warp's tile of the halved last round (CooperativeUnits), one slot per warp: in shared memory,
+  // not in a register. Only the producer warp walks the units (the consumers take them from it:
+  // UnitRecords).
   struct HalfTileSlots {
     int tile[MaxThreadsPerBlock / cutlass::NumThreadsPerWarp];
   };
@@ -307,9 +309,10 @@ class MoeGemmKernel {
   // the second half. A half holds at most 64 rows, moved to the top of the tile (consumer 0's part),
   // so consumer 1 has no rows in it and issues no MMAs. The round then takes less time, though not
   // half: a half tile still loads all of the weights' columns (benchmarks/NOTES.md).
-  // Where the launch halves (the host's choice: a few rounds of few experts), each role walks the
-  // counts to the end for the tile count before its first tile (plan()), and then the same units,
-  // which depend only on the counts. Each warp keeps its half tile in shared memory.
+  // Where the launch halves (the host's choice: a few rounds of few experts), the producer warp walks
+  // the counts to the end for the tile count before its first tile (plan()), then takes the units in
+  // order, loads them and hands them to both consumers (UnitRecords). It keeps its half tile in
+  // shared memory (HalfTileSlots).
   struct CooperativeUnit {
     MoeTile tile;
     bool half;  // a 64-row half: consumer 1 has no rows

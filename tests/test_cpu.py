@@ -421,6 +421,20 @@ def test_bench_counts_follow_the_public_recipe():
         assert floor == pytest.approx(case["floor_ms"], rel=0.02, abs=2e-3), case["name"]
 
 
+def test_bench_fixed_ceilings_per_gpu():
+    # Issue 12's fixed rates: 790 TFLOP/s on both Hoppers, 4.36 TB/s on an H200, 3.08 on an H100 SXM.
+    from cutlass_moe import bench
+    assert bench.fixed_ceilings("NVIDIA H100 80GB HBM3") == ("H100", 790.0, 3.08)
+    assert bench.fixed_ceilings("NVIDIA H200") == ("H200", 790.0, 4.36)
+    assert bench.fixed_ceilings("NVIDIA H100 PCIe")[0] == "H200"  # not the SXM part: no fixed rates of its own
+    # A memory-bound case (decode: 8 rows per expert): its floor scales with the bandwidth alone.
+    case = {"T": 64, "K": 4096, "N": 14336}
+    counts = torch.full((8,), 8)
+    h100 = bench.floor_ms(case, counts, *bench.fixed_ceilings("NVIDIA H100 80GB HBM3")[1:])
+    h200 = bench.floor_ms(case, counts, *bench.fixed_ceilings("NVIDIA H200")[1:])
+    assert h100 / h200 == pytest.approx(4.36 / 3.08)
+
+
 @pytest.mark.skipif(HAS_CUDA, reason="checks the no-GPU behaviour")
 def test_bench_without_gpu_says_so(capsys):
     from cutlass_moe import bench

@@ -21,9 +21,10 @@ the rounds' medians). The headline figures stay the rounds' medians; the paired 
 leaves the sweep out (matplotlib, an optional extra: ``pip install matplotlib``).
 
 The floor of a case is max(FLOPs / peak, bytes / bandwidth), with bytes = x + the weights of
-experts that have tokens + out, each once. It is given twice: with the H200 rates the public cases
-were scored against (790 TFLOP/s, 4.36 TB/s) and with the two ceilings measured in this run on this
-GPU (a large bf16 matmul, a large device-to-device copy).
+experts that have tokens + out, each once. It is given twice: with the fixed rates the public cases
+are scored against (790 TFLOP/s on both Hoppers; 4.36 TB/s on an H200, 3.08 on an H100 SXM, the
+H200's elsewhere: ``fixed_ceilings``) and with the two ceilings measured in this run on this GPU (a
+large bf16 matmul, a large device-to-device copy).
 """
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ import statistics
 import sys
 import time
 from importlib import resources
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -44,6 +45,7 @@ from .reference import per_expert_errors
 H200_TFLOPS = 790.0
 DEFAULT_VARIANTS = "grouped:auto,moe:auto"  # each sm90 family forced, beside the headline
 H200_TBPS = 4.36
+H100_TBPS = 3.08  # the H100 SXM's (80GB HBM3) fixed bandwidth ceiling, as issue 12 scores it
 # The peers every case is timed against (where they run), as they appear in the JSON.
 PEERS = ("torch_grouped_mm", "torch_grouped_mm_nk", "loop", "multistream", "bmm")
 SWEEP_PREFIX = "seed000-g"  # the blog's sweep: 8 to 128 groups of one problem
@@ -73,6 +75,14 @@ def case_counts(cases: List[dict]) -> Dict[str, torch.Tensor]:
             raise ValueError(f"case {case['name']}: unknown dist {case['dist']!r}")
         counts[case["name"]] = c
     return counts
+
+
+def fixed_ceilings(device_name: str) -> Tuple[str, float, float]:
+    """(label, TFLOP/s, TB/s) of the fixed rates a GPU's floor fractions are scored against: the H100
+    SXM's ("H100 80GB HBM3") for it, the H200's for any other GPU."""
+    if "H100" in device_name and "HBM3" in device_name:
+        return "H100", H200_TFLOPS, H100_TBPS
+    return "H200", H200_TFLOPS, H200_TBPS
 
 
 def floor_ms(case: dict, counts: torch.Tensor, tflops: float, tbps: float, elem_bytes: int = 2) -> float:
@@ -352,7 +362,8 @@ def _geomean(values: List[float]) -> float:
     return 2 ** (sum(math.log2(v) for v in values) / len(values))
 
 
-def print_table(rows: List[dict], ceilings: Dict[str, float]) -> None:
+def print_table(rows: List[dict], ceilings: Dict[str, float], fixed: Optional[Tuple[str, float, float]] = None) -> None:
+    label, fixed_tflops, fixed_tbps = fixed or fixed_ceilings("")
     head = (f"{'case':<20} {'ours ms':>8} {'grouped':>8} {'moe':>8} {'gmm ms':>8} {'gmm nk':>8} {'loop ms':>8} "
             f"{'streams':>8} {'bmm ms':>8} {'TFLOP/s':>8} {'floor':>7} {'%floor':>7} {'%floor*':>7} {'x gmm':>6} "
             f"{'x loop':>6} {'x best':>6} {'err':>8}")
@@ -360,7 +371,8 @@ def print_table(rows: List[dict], ceilings: Dict[str, float]) -> None:
     print("-" * len(head))
     for r in rows:
         ours = r.get("moe_gemm_ms")
-        frac = r["floor_ms_h200"] / ours if ours else None
+        floor = r.get("floor_ms_fixed", r["floor_ms_h200"])
+        frac = floor / ours if ours else None
         frac_measured = r["floor_ms_measured"] / ours if ours else None
         gmm, loop = r.get("torch_grouped_mm_ms"), r.get("loop_ms")
         best = r.get("best_peer_ms")
@@ -368,7 +380,7 @@ def print_table(rows: List[dict], ceilings: Dict[str, float]) -> None:
               f"{_fmt(r.get('moe_gemm[moe:auto]_ms'), '8.3f')} {_fmt(gmm, '8.3f')} "
               f"{_fmt(r.get('torch_grouped_mm_nk_ms'), '8.3f')} {_fmt(loop, '8.3f')} "
               f"{_fmt(r.get('multistream_ms'), '8.3f')} {_fmt(r.get('bmm_ms'), '8.3f')} "
-              f"{_fmt(r.get('moe_gemm_tflops'), '8.1f')} {r['floor_ms_h200']:7.3f} "
+              f"{_fmt(r.get('moe_gemm_tflops'), '8.1f')} {floor:7.3f} "
               f"{_fmt(frac and 100 * frac, '6.1f')}% {_fmt(frac_measured and 100 * frac_measured, '6.1f')}% "
               f"{_fmt(gmm and ours and gmm / ours, '6.2f')} {_fmt(loop and ours and loop / ours, '6.2f')} "
               f"{_fmt(best and ours and best / ours, '6.2f')} {_fmt(r.get('moe_gemm_worst_rel'), '8.1e')}")
@@ -380,7 +392,7 @@ def print_table(rows: List[dict], ceilings: Dict[str, float]) -> None:
             cells = [f"{c}={r[f'moe_gemm[{c}]_ms']:.3f} ({r[f'moe_gemm[{c}]_ms'] / r['moe_gemm_ms']:.2f})"
                      for c in extra if f"moe_gemm[{c}]_ms" in r and r.get("moe_gemm_ms")]
             print(f"  {r['name']:<20} " + "  ".join(cells))
-    print(f"floor: H200 rates ({H200_TFLOPS:.0f} TFLOP/s, {H200_TBPS} TB/s); %floor* uses this GPU's measured "
+    print(f"floor: {label} rates ({fixed_tflops:.0f} TFLOP/s, {fixed_tbps} TB/s); %floor* uses this GPU's measured "
           f"ceilings ({ceilings['tflops']:.0f} TFLOP/s, {ceilings['tbps']:.2f} TB/s). "
           f"ours: backend/config 'auto'; grouped, moe: each family forced (config auto). "
           f"gmm nk: torch._grouped_mm on (E, N, K) weights; streams: the loop over 4 CUDA streams; bmm: where "
@@ -489,6 +501,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     print(f"cutlass_moe.bench on {name}, torch {torch.__version__}, {args.dtype}", file=sys.stderr)
     print("measuring this GPU's ceilings (bf16 matmul, copy bandwidth)...", file=sys.stderr)
     ceilings = measure_ceilings()
+    fixed = fixed_ceilings(name)
     rows = []
     started = time.time()
     for i, case in enumerate(cases):
@@ -496,18 +509,20 @@ def main(argv: Optional[List[str]] = None) -> int:
               file=sys.stderr, flush=True)
         row = run_case(case, counts[case["name"]], args, moe_gemm)
         row["floor_ms_h200"] = floor_ms(case, counts[case["name"]], H200_TFLOPS, H200_TBPS)
+        row["floor_ms_fixed"] = floor_ms(case, counts[case["name"]], fixed[1], fixed[2])
         row["floor_ms_measured"] = floor_ms(case, counts[case["name"]], ceilings["tflops"], ceilings["tbps"])
         row["public"] = {k: case[k] for k in ("floor_ms", "torch_grouped_mm_ms", "loop_ms") if k in case}
         rows.append(row)
         torch.cuda.empty_cache()
     print(f"done in {time.time() - started:.0f} s", file=sys.stderr)
 
-    print_table(rows, ceilings)
+    print_table(rows, ceilings, fixed)
     if args.plot:  # the sweep's cases where they ran, else every case run
         plot([r for r in rows if r["name"].startswith(SWEEP_PREFIX)] or rows, args.plot, name)
     result = {"device": name, "torch": torch.__version__, "dtype": args.dtype, "backend": args.backend,
               "config": args.config, "variants": args.variants,
-              "ceilings": ceilings, "cases": rows}
+              "ceilings": ceilings, "fixed_ceilings": {"label": fixed[0], "tflops": fixed[1], "tbps": fixed[2]},
+              "cases": rows}
     with open(args.json, "w") as f:
         json.dump(result, f, indent=1)
     print(f"wrote {os.path.abspath(args.json)}", file=sys.stderr)

@@ -31,11 +31,7 @@ from cutlass_moe import bench
 
 def window(fn, heat_s: float, seconds: float) -> dict:
     """ms per call, mean SM clock (MHz) and power (W) over `seconds` of fn back to back after heat_s."""
-    end = time.perf_counter() + heat_s
-    while time.perf_counter() < end:
-        for _ in range(8):
-            fn()
-        torch.cuda.synchronize()
+    bench.heat(fn, heat_s * 1e3)
     smi = subprocess.Popen(["nvidia-smi", "-i", str(torch.cuda.current_device()), "--query-gpu=clocks.sm,power.draw",
                             "--format=csv,noheader,nounits", "-lms", "50"], stdout=subprocess.PIPE, text=True)
     time.sleep(0.2)  # nvidia-smi's first sample

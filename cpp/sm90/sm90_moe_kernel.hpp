@@ -78,11 +78,11 @@ class MoeGemmKernel {
   static constexpr uint32_t MinBlocksPerMultiprocessor = 1;
 
   using MathOrderBarrier = cutlass::OrderedSequenceBarrier<1, kConsumers>;       // one WGMMA issuer at a time
-  // A warp's tile of the halved last round (CooperativeUnits), one slot per warp: in shared memory,
-  // not in a register. Only the producer warp walks the units (the consumers take them from it:
-  // UnitRecords).
-  struct HalfTileSlots {
-    int tile[MaxThreadsPerBlock / cutlass::NumThreadsPerWarp];
+  // The producer warp's tile of the halved last round (CooperativeUnits): in shared memory, not in
+  // one of the producer's 40 registers. Only the producer warp walks the units (the consumers take
+  // them from it: UnitRecords).
+  struct HalfTileSlot {
+    int tile;
   };
   // The cooperative and wide tiles' units, as the producer warp finds them, for both consumers
   // (UnitRecords).
@@ -97,6 +97,9 @@ class MoeGemmKernel {
     alignas(16) typename UnitPipeline::SharedStorage pipeline;
     UnitRecord record[kUnitRecords];
   };
+  // The pingpong tile's consumers take alternate tiles and walk them themselves: no records.
+  struct NoUnitStorage {};
+  using UnitsStorage = std::conditional_t<kPingpong, NoUnitStorage, UnitStorage>;
   // CUTLASS's collective builder for a tile, schedule and stage count. As a class template, it is
   // instantiated only where a kernel uses its `type`: std::conditional_t below picks between such
   // types without instantiating the one not taken (the wide tile's shapes are no builder's).
@@ -142,7 +145,7 @@ class MoeGemmKernel {
                          CooperativeTmaStoreEpilogue<Element, TiledMma, kTileM, kTileN, Fusion>>>;
   static constexpr int kCarveout = static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage) +
                                                     sizeof(typename MathOrderBarrier::SharedStorage) +
-                                                    sizeof(HalfTileSlots) + sizeof(UnitStorage));
+                                                    sizeof(HalfTileSlot) + sizeof(UnitsStorage));
   // As StageCountAutoCarveout: what shared memory holds besides the carve-out, a stage's operands
   // and its pipeline barriers (32 bytes) each.
   static constexpr int kWideStages =
@@ -173,8 +176,8 @@ class MoeGemmKernel {
     typename CollectiveEpilogue::SharedStorage epilogue;
     alignas(16) typename CollectiveMainloop::PipelineStorage pipeline;
     alignas(16) typename MathOrderBarrier::SharedStorage math_order;
-    HalfTileSlots half_tile;
-    UnitStorage units;
+    HalfTileSlot half_tile;
+    UnitsStorage units;
   };
   static_assert(kUnitRecords > CollectiveMainloop::DispatchPolicy::Stages);
   static constexpr int SharedStorageSize = static_cast<int>(sizeof(SharedStorage));
@@ -312,34 +315,34 @@ class MoeGemmKernel {
   // Where the launch halves (the host's choice: a few rounds of few experts), the producer warp walks
   // the counts to the end for the tile count before its first tile (plan()), then takes the units in
   // order, loads them and hands them to both consumers (UnitRecords). It keeps its half tile in
-  // shared memory (HalfTileSlots).
+  // shared memory (HalfTileSlot).
   struct CooperativeUnit {
     MoeTile tile;
     bool half;  // a 64-row half: consumer 1 has no rows
   };
   class CooperativeUnits {
    public:
-    CUTLASS_DEVICE explicit CooperativeUnits(HalfTileSlots& slots) : index_(blockIdx.x) {
-      set_slot(slots, kNoTile);
+    CUTLASS_DEVICE explicit CooperativeUnits(HalfTileSlot& slot) : index_(blockIdx.x) {
+      set_slot(slot, kNoTile);
     }
 
     // Finds this CTA's half tile, if the last round is halved: before the first unit. The scheduler
     // first finds that unit's tile itself, so the walk starts from the counts it loaded (with up to
     // 32 experts, the walk then loads nothing).
-    CUTLASS_DEVICE void plan(Scheduler& scheduler, HalfTileSlots& slots) {
+    CUTLASS_DEVICE void plan(Scheduler& scheduler, HalfTileSlot& slot) {
       scheduler.tile(index_);
-      set_slot(slots, half_tile(scheduler));
+      set_slot(slot, half_tile(scheduler));
     }
 
-    CUTLASS_DEVICE CooperativeUnit next(Scheduler& scheduler, HalfTileSlots& slots) {
+    CUTLASS_DEVICE CooperativeUnit next(Scheduler& scheduler, HalfTileSlot& slot) {
       int64_t index = index_;
       int half = 0;  // 0: the whole tile; 1, 2: its first or second 64 rows
       // CTA c < L meets its half tile as its own last tile; CTA L + c in the step after its last tile.
-      const int halved = slots.tile[warp()];
+      const int halved = slot.tile;
       if (index_ >= halved) {
         half = index_ == halved ? 1 : 2;
         index = halved;
-        set_slot(slots, kNoTile);
+        set_slot(slot, kNoTile);
       }
       index_ += gridDim.x;
       MoeTile tile = scheduler.tile(index);
@@ -370,10 +373,9 @@ class MoeGemmKernel {
       }
       return kNoTile;
     }
-    CUTLASS_DEVICE static int warp() { return threadIdx.x / cutlass::NumThreadsPerWarp; }
-    CUTLASS_DEVICE static void set_slot(HalfTileSlots& slots, int tile) {  // every lane the same value
+    CUTLASS_DEVICE static void set_slot(HalfTileSlot& slot, int tile) {  // every lane the same value
       __syncwarp();
-      slots.tile[warp()] = tile;
+      slot.tile = tile;
       __syncwarp();
     }
 
@@ -389,8 +391,8 @@ class MoeGemmKernel {
   // 870 cycles per tile with the tensor cores idle; handing the units over took 2.3% of the cycles
   // and 1.7% of the sustained time off PR #263's shape (benchmarks/NOTES.md, "The producer hands the
   // units to the consumers"). The last record has no valid tile and carries the end of the owned
-  // rows. The pingpong tile's consumers take alternate tiles and keep their own walk: the kernel
-  // initializes the ring's barriers there too, and leaves it unused.
+  // rows. The pingpong tile's consumers take alternate tiles and keep their own walk: its kernels
+  // have no ring (NoUnitRecords).
   class UnitRecords {
    public:
     static constexpr uint32_t kConsumerWarps = kConsumers * cutlass::NumWarpsPerWarpGroup;
@@ -438,6 +440,11 @@ class MoeGemmKernel {
     UnitRecord* records_;
     typename UnitPipeline::PipelineState state_;
   };
+  // The pingpong tile's stand-in for UnitRecords: no shared memory, no barriers.
+  struct NoUnitRecords {
+    CUTLASS_DEVICE NoUnitRecords(NoUnitStorage&, bool, bool) {}
+  };
+  using Units = std::conditional_t<kPingpong, NoUnitRecords, UnitRecords>;
 
   static constexpr int kPairs = decltype(cute::size(cute::partition_fragment_C(
       TiledMma{}, cute::take<0, 2>(TileShape{}))))::value / 2;  // accumulator pairs per thread
@@ -634,7 +641,7 @@ CUTLASS_DEVICE void MoeGemmKernel<Element, LayoutB, Config, Fusion>::operator()(
   order_params.group_size = cutlass::NumThreadsPerWarpGroup;
   MathOrderBarrier math_order(storage.math_order, order_params);
 
-  UnitRecords units(storage.units, is_producer, warp_group > 0);  // the cooperative and wide tiles'
+  Units units(storage.units, is_producer, warp_group > 0);  // the cooperative and wide tiles' records
 
   __syncthreads();  // barrier initialization is visible to every warp
 

@@ -613,3 +613,45 @@ def test_gmm_drop_in_with_cpu_batch_sizes():
     ref_dx, ref_dw = reference_grads(a, b, sizes, True, dy)
     check_dx(a.grad, ref_dx, sizes, 700)
     check_dw(b.grad, ref_dw, sizes, 700, True)
+
+
+@gpu
+@requires_kernels
+def test_device_counts_never_synchronize_the_host():
+    """With the counts on the GPU, no eager entry point waits for the device: forward and backward
+    of moe_gemm (both layouts), moe_gemm_gated with its row scale, moe_gemm_wgrad (accumulating
+    too), and the grouped_mm drop-in with offsets on the device. torch's sync debug mode raises on a
+    synchronizing call (a .item(), a device-to-host copy, a blocking allocation)."""
+    gen = torch.Generator(device="cuda").manual_seed(15)
+    t, k, n, e = 1024, 256, 128, 8
+    counts = random_counts(e, t - 5, torch.Generator().manual_seed(16)).to("cuda", torch.int32)
+    offs = torch.cumsum(counts, 0, dtype=torch.int32)
+    x = torch.randn(t, k, device="cuda", dtype=BF16, generator=gen, requires_grad=True)
+    w_kn = torch.randn(e, k, n, device="cuda", dtype=BF16, generator=gen, requires_grad=True)
+    w_nk = torch.randn(e, n, k, device="cuda", dtype=BF16, generator=gen, requires_grad=True)
+    gate_up = cutlass_moe.interleave_gate_up(torch.randn(e, k, 2 * n, device="cuda", dtype=BF16, generator=gen))
+    gate_up.requires_grad_()
+    probs = torch.rand(t, device="cuda", generator=gen, requires_grad=True)
+    dy = torch.randn(t, n, device="cuda", dtype=BF16, generator=gen)
+    main_grad = torch.zeros(e, k, n, device="cuda")
+
+    def calls():
+        for p in (x, w_kn, w_nk, gate_up, probs):
+            p.grad = None
+        moe_gemm(x, w_kn, counts).backward(dy)
+        moe_gemm(x, w_nk, counts, trans_b=True).backward(dy)
+        cutlass_moe.moe_gemm_gated(x, gate_up, counts, row_scale=probs).backward(dy)
+        moe_gemm_wgrad(x.detach(), dy, counts)
+        moe_gemm_wgrad(x.detach(), dy, counts, out=main_grad, accumulate=True)
+        cutlass_moe.grouped_mm(x, w_kn, offs=offs).backward(dy)
+
+    calls()  # first calls resolve and cache their plans; they may allocate
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        calls()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    torch.cuda.synchronize()
+    assert x.grad is not None and w_kn.grad is not None and w_nk.grad is not None and gate_up.grad is not None
+    assert probs.grad is not None

@@ -16,11 +16,10 @@ import sys
 
 import torch
 
-import cutlass_moe
 from cutlass_moe import bench
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from training_bench import SHAPES, shape_data  # noqa: E402
+from training_bench import SHAPES, fwdbwd_steps, shape_data  # noqa: E402
 
 
 def kernels_of(step, steps: int):
@@ -55,16 +54,8 @@ def main() -> None:
         _, counts, x, w, dy = shape_data(name, cases, counts_by_case)
         counts_gpu = counts.to("cuda", torch.int32)
         offs = torch.cumsum(counts_gpu, 0, dtype=torch.int32)
-        xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
-        del x, w
-
-        def ours():
-            xg.grad = wg.grad = None
-            cutlass_moe.moe_gemm(xg, wg, counts_gpu).backward(dy)
-
-        def theirs():
-            xg.grad = wg.grad = None
-            torch._grouped_mm(xg, wg, offs=offs).backward(dy)
+        ours, theirs = fwdbwd_steps(x, w, counts_gpu, offs, dy)
+        del x, w  # the steps hold their own copies
 
         for label, step in (("ours", ours), ("torch", theirs)):
             bench.heat(step)
@@ -74,7 +65,7 @@ def main() -> None:
                   f"kernels {total_us / 1e3:.3f} ms in {len(kernels)} launches")
             for kname, us in kernels:
                 print(f"  {us / 1e3:8.3f} ms  {kname[:110]}")
-        del xg, wg, dy
+        del ours, theirs, dy
         torch.cuda.empty_cache()
 
 

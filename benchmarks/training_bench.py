@@ -116,6 +116,22 @@ def part_wgrad(cases, counts_by_case, write_tbps, moe_configs=(), rounds=5):
     print(f"floor fraction: geomean {geo:.2f}, min {min(fractions):.2f}")
 
 
+def fwdbwd_steps(x, w, counts_gpu, offs, dy):
+    """One forward + backward of a single GEMM (y, dx, dW), ours and torch._grouped_mm's autograd:
+    (ours, theirs), each on leaf copies of x and w whose grads every call resets."""
+    xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
+
+    def ours():
+        xg.grad = wg.grad = None
+        cutlass_moe.moe_gemm(xg, wg, counts_gpu).backward(dy)
+
+    def theirs():
+        xg.grad = wg.grad = None
+        torch._grouped_mm(xg, wg, offs=offs).backward(dy)
+
+    return ours, theirs
+
+
 def part_fwdbwd(cases, counts_by_case, rounds=5, by_part=False):
     print("\nforward + backward of one GEMM (y, dx, dW)"
           + ("; then each part alone: forward, dgrad, wgrad (ours / torch's ms)" if by_part else ""))
@@ -125,16 +141,7 @@ def part_fwdbwd(cases, counts_by_case, rounds=5, by_part=False):
         case, counts, x, w, dy = shape_data(name, cases, counts_by_case)
         counts_gpu = counts.to("cuda", torch.int32)
         offs = torch.cumsum(counts_gpu, 0, dtype=torch.int32)
-        xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
-
-        def ours():
-            xg.grad = wg.grad = None
-            cutlass_moe.moe_gemm(xg, wg, counts_gpu).backward(dy)
-
-        def theirs():
-            xg.grad = wg.grad = None
-            torch._grouped_mm(xg, wg, offs=offs).backward(dy)
-
+        ours, theirs = fwdbwd_steps(x, w, counts_gpu, offs, dy)
         runners = {"ours": ours, "theirs": theirs}
         if by_part:  # the three GEMMs each autograd runs, alone (no grad recorded)
             runners.update({
@@ -149,7 +156,7 @@ def part_fwdbwd(cases, counts_by_case, rounds=5, by_part=False):
         print(f"{name:<20} {times['ours']:8.3f} {times['theirs']:8.3f} {speedups[-1]:7.2f}"
               + "".join(f"  {p} {times['ours ' + p]:.3f} / {times['theirs ' + p]:.3f}"
                         for p in (("fwd", "dgrad", "wgrad") if by_part else ())))
-        del xg, wg, x, w, dy
+        del ours, theirs, runners, x, w, dy
         torch.cuda.empty_cache()
     geo = math.exp(sum(math.log(s) for s in speedups) / len(speedups))
     print(f"speedup over torch._grouped_mm autograd: geomean {geo:.2f}x, min {min(speedups):.2f}x")

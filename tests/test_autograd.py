@@ -621,7 +621,7 @@ def test_device_counts_never_synchronize_the_host():
     """With the counts on the GPU, no eager entry point waits for the device: forward and backward
     of moe_gemm (both layouts), moe_gemm_gated with its row scale, moe_gemm_wgrad (accumulating
     too), and the grouped_mm drop-in with offsets on the device. torch's sync debug mode raises on a
-    synchronizing call (a .item(), a device-to-host copy, a blocking allocation)."""
+    synchronizing call (a .item(), a device-to-host copy, a stream synchronize)."""
     gen = torch.Generator(device="cuda").manual_seed(15)
     t, k, n, e = 1024, 256, 128, 8
     counts = random_counts(e, t - 5, torch.Generator().manual_seed(16)).to("cuda", torch.int32)

@@ -23,7 +23,7 @@ from training_bench import SHAPES, fwdbwd_steps, shape_data  # noqa: E402
 
 
 def kernels_of(step, steps: int):
-    """(name, us) of each kernel of one step (the median step by summed duration), and event ms of each step."""
+    """(name, us) of each kernel of the first profiled step, and the event ms of every profiled step."""
     for _ in range(3):
         step()
     torch.cuda.synchronize()

@@ -107,8 +107,7 @@ def summarize(rows: List[dict], min_floor_us: float) -> Dict[str, object]:
 # The configs of the default build (CMakeLists.txt): "the best built config" of the summary. A table
 # may hold more (timed from a build with extra configs, to see what they would give).
 DEFAULT_CONFIGS = ("moe:sm90_pingpong_64x256x64_1x1x1", "moe:sm90_cooperative_128x256x64_1x1x1",
-                   "moe:sm90_cooperative_wide_64x512x32_1x1x1",
-                   "grouped:sm90_pingpong_64x256x64_1x1x1", "grouped:sm90_cooperative_128x256x64_1x2x1")
+                   "moe:sm90_cooperative_wide_64x512x32_1x1x1", "grouped:sm90_cooperative_128x256x64_1x2x1")
 
 
 def judge(rows: List[dict], configs, device: int = -1, trans_b: bool = False) -> List[dict]:

@@ -123,7 +123,8 @@ KernelConfig select_config(const MoeGemmProblem& problem, Backend backend, int d
   // tile's epilogue with the next one's mainloop: it is the pick from decode through a few hundred
   // rows per expert. With thousands of rows per expert the 128x256 cooperative tile with a 1x2
   // cluster (x tile multicast to both CTAs) wins. Measurements: benchmarks/NOTES.md (sm90 grouped
-  // family: tile configs).
+  // family: tile configs). The default build has only the latter (CMakeLists.txt): auto takes this
+  // family at thousands of rows alone, and a forced backend="grouped" below them gets the built tile.
   if (rows_per_expert >= 2048) {
     return KernelConfig::kSm90Cooperative_128x256x64_1x2x1;
   }

@@ -13,7 +13,9 @@ and the clock falls instead (benchmarks/NOTES.md, twenty-fourth session).
 Runners (bf16): on qwen3-30b-prefill's shape (E=128, T=32768, K=2048, N=1536) moe_gemm on the bench's
 random split, on an even split, and on the random split with x all zeros (MMAs on zeros); torch.mm
 of the same FLOPs (one (T, K) x (K, N)), and torch.bmm over E even groups (the same FLOPs and weight
-bytes); on seed004-uniform's (PR #263's) shape moe_gemm and torch.mm.
+bytes), the same bmm with one weight shared by all groups (stride 0: no weight traffic), and a read
+of the weights alone (its J/TFLOP column is per the GEMM's FLOPs, for comparison); on
+seed004-uniform's (PR #263's) shape moe_gemm and torch.mm.
 
 To run (on the GPU machine, from outside the source tree): python3 energy_per_call.py [--seconds 1.5]
 """
@@ -79,6 +81,12 @@ def main() -> None:
         ("qwen3 moe_gemm, random, x = 0", flops, lambda: cutlass_moe.moe_gemm(zeros, w, random_counts)),
         ("qwen3 torch.mm, same FLOPs", flops, lambda: torch.mm(x, w[0])),
         ("qwen3 torch.bmm, even groups", flops, lambda: torch.bmm(x.view(e, t // e, k), w)),
+        # The same batched GEMM with one weight for all groups (stride 0): the 805 MB of weights
+        # leave DRAM's traffic, the FLOPs and the split stay. The difference is what reading them costs.
+        ("qwen3 torch.bmm, one shared weight", flops,
+         lambda: torch.bmm(x.view(e, t // e, k), w[0].expand(e, k, n))),
+        # The weights read once and nothing computed: DRAM's own power and time.
+        ("qwen3 weights read (w.sum)", flops, lambda: w.sum(dtype=torch.float32)),
     ]
     # seed004-uniform (PR #263's shape)
     e2, t2, k2, n2 = 12, 30720, 1024, 3072

@@ -14,7 +14,7 @@ Runners (bf16): on qwen3-30b-prefill's shape (E=128, T=32768, K=2048, N=1536) mo
 random split, on an even split, and on the random split with x all zeros (MMAs on zeros); torch.mm
 of the same FLOPs (one (T, K) x (K, N)), and torch.bmm over E even groups (the same FLOPs and weight
 bytes), the same bmm with one weight shared by all groups (stride 0: no weight traffic), and a read
-of the weights alone (its J/TFLOP column is per the GEMM's FLOPs, for comparison); on
+of the weights alone (no FLOPs: its J/TFLOP and TFLOP/s read "-"); on
 seed004-uniform's (PR #263's) shape moe_gemm and torch.mm.
 
 To run (on the GPU machine, from outside the source tree): python3 energy_per_call.py [--seconds 1.5]
@@ -86,7 +86,7 @@ def main() -> None:
         ("qwen3 torch.bmm, one shared weight", flops,
          lambda: torch.bmm(x.view(e, t // e, k), w[0].expand(e, k, n))),
         # The weights read once and nothing computed: DRAM's own power and time.
-        ("qwen3 weights read (w.sum)", flops, lambda: w.sum(dtype=torch.float32)),
+        ("qwen3 weights read (w.sum)", None, lambda: w.sum(dtype=torch.float32)),
     ]
     # seed004-uniform (PR #263's shape)
     e2, t2, k2, n2 = 12, 30720, 1024, 3072
@@ -103,8 +103,8 @@ def main() -> None:
     with torch.no_grad():
         for name, fl, fn in runners:
             r = window(fn, args.heat_s, args.seconds)
-            print(f"{name:<34}{r['ms']:9.4f}{r['mhz']:7.0f}{r['w']:6.0f}{r['j']:8.4f}{r['j'] / (fl / 1e12):9.3f}"
-                  f"{fl / r['ms'] / 1e9:9.0f}", flush=True)
+            per_flop = f"{r['j'] / (fl / 1e12):9.3f}{fl / r['ms'] / 1e9:9.0f}" if fl else f"{'-':>9}{'-':>9}"
+            print(f"{name:<34}{r['ms']:9.4f}{r['mhz']:7.0f}{r['w']:6.0f}{r['j']:8.4f}{per_flop}", flush=True)
 
 
 if __name__ == "__main__":

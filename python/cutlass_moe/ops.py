@@ -128,7 +128,8 @@ def select_config(num_tokens: int, num_experts: int, n: int, k: int, backend: st
     stored as :func:`moe_gemm`'s ``trans_b`` says and x of ``dtype``: a choice from the
     architecture, T/E, N, K, the weights' layout and the dtype alone, never the counts. A shape
     :func:`cutlass_moe.tune` has timed takes tune's choice instead (with backend and config both
-    "auto")."""
+    "auto"). This is the heuristic's preference: where the build lacks that config (the default
+    build has only the grouped family's 1x2-cluster tile), a call runs the family's first built one."""
     if backend not in _BACKENDS:
         raise ValueError(f"backend: expected one of {sorted(_BACKENDS)}, got {backend!r}")
     if dtype not in _DTYPES:

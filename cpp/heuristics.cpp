@@ -131,6 +131,26 @@ KernelConfig select_config(const MoeGemmProblem& problem, Backend backend, int d
   return KernelConfig::kSm90Pingpong_64x256x64_1x1x1;
 }
 
+// Where the wide tile is picked for few experts (< 32) with 256 or more rows each, the cooperative
+// tile pads nothing on a split whose counts are all multiples of its 128 rows, and reads each weight
+// tile half as often: 2-6% faster there on an even split (Mixtral's and Llama 4 Scout's gate/up at
+// 256, 384 and 512 rows per expert; benchmarks/sweep_h200.json), and 2-10% slower on random and
+// skewed splits of the same averages. Only the counts tell the two apart, so the plan holds both and
+// the device picks (MoeGemmPlan::aligned_instance). T must be a multiple of 128 for every count to be
+// one: elsewhere nothing is gained, and the plan keeps one launch. Below 256 rows (an even 128) the
+// cooperative tile is no faster (benchmarks/NOTES.md, "The split read on the device").
+KernelConfig select_aligned_config(const MoeGemmProblem& problem, KernelConfig picked, int device) {
+  if (picked != KernelConfig::kSm90CooperativeWide_64x512x32_1x1x1 || has_interleaved_groups(problem)) {
+    return KernelConfig::kAuto;
+  }
+  const int64_t experts = problem.num_experts > 0 ? problem.num_experts : 1;
+  if (problem.num_experts >= 32 || problem.num_tokens / experts < 256 ||
+      problem.num_tokens % kAlignedSplitRows != 0 || (device >= 0 && device_facts(device).cc / 10 != 9)) {
+    return KernelConfig::kAuto;
+  }
+  return KernelConfig::kSm90Cooperative_128x256x64_1x1x1;
+}
+
 // The MoE kernel everywhere but when accumulating: it adds with TMA reduce-add, 1.3-1.4x slower than
 // the grouped family's read-add-write epilogue on the public prefill shapes. Without accumulation it
 // is the faster family on benchmarks/wgrad_sweep_h200.json (11 models' expert projections, 128 to

@@ -293,6 +293,9 @@ void check_layout(const MoeGemmProblem& p) {
   CUTLASS_MOE_CHECK_ARG(p.n >= 0 && p.n <= kMaxDim, "weights: N = " << p.n << "; expected 0 <= N < 2^31");
   CUTLASS_MOE_CHECK_ARG(p.k >= 0 && p.k <= kMaxDim, "x: K = " << p.k << "; expected 0 <= K < 2^31");
   CUTLASS_MOE_CHECK_ARG(p.group_rows >= 0, "x: group_rows = " << p.group_rows << "; expected >= 0 (0: sorted rows)");
+  CUTLASS_MOE_CHECK_ARG(p.split_gate == SplitGate::kAlways,
+                        "split_gate: run_moe_gemm sets it for a plan's two launches; expected kAlways, got "
+                            << static_cast<int>(p.split_gate));
   if (is_empty(p)) return;
   if (has_interleaved_groups(p)) check_interleaved_groups(p);
   // TMA: 16-byte aligned base addresses and strides; CUTLASS also wants the contiguous extents in
@@ -388,6 +391,21 @@ MoeGemmPlan plan_moe_gemm(const MoeGemmProblem& p, Backend backend, KernelConfig
   plan.sm_count = device_facts(device).sm_count;
   plan.workspace_bytes = inst.workspace_size(p.num_experts, plan.sm_count);
   plan.instance = &inst;
+  // A second config for splits of whole 128-row tiles, where the heuristic has one and it is built.
+  const KernelConfig aligned = config == KernelConfig::kAuto && inst.backend == Backend::kMoe
+                                   ? select_aligned_config(p, inst.config, device)
+                                   : KernelConfig::kAuto;
+  for (const Instance& other : instances()) {
+    if (aligned == KernelConfig::kAuto) break;
+    if (other.backend != inst.backend || other.dtype != p.dtype || other.layout != p.weight_layout ||
+        other.config != aligned) {
+      continue;
+    }
+    plan.aligned_instance = &other;
+    plan.aligned_config = aligned;
+    plan.workspace_bytes = std::max(plan.workspace_bytes, other.workspace_size(p.num_experts, plan.sm_count));
+    break;
+  }
   return plan;
 }
 
@@ -430,7 +448,17 @@ void run_moe_gemm(const MoeGemmPlan& plan, const MoeGemmProblem& p, void* worksp
   CUTLASS_MOE_CHECK_ARG(
       plan.workspace_bytes == 0 || reinterpret_cast<uintptr_t>(workspace) % kWorkspaceAlignment == 0,
       "workspace: data pointer must be " << kWorkspaceAlignment << "-byte aligned, got " << address(workspace));
-  static_cast<const Instance*>(plan.instance)->run(p, workspace, workspace_bytes, plan.sm_count, stream);
+  if (plan.aligned_instance != nullptr && !has_interleaved_groups(p)) {
+    // Both configs, each run only for its kind of split, read from the counts on the device.
+    // (Interleaved groups read no counts: the plan's own instance alone.)
+    MoeGemmProblem gated = p;
+    gated.split_gate = SplitGate::kAlignedOnly;
+    static_cast<const Instance*>(plan.aligned_instance)->run(gated, workspace, workspace_bytes, plan.sm_count, stream);
+    gated.split_gate = SplitGate::kUnalignedOnly;
+    static_cast<const Instance*>(plan.instance)->run(gated, workspace, workspace_bytes, plan.sm_count, stream);
+  } else {
+    static_cast<const Instance*>(plan.instance)->run(p, workspace, workspace_bytes, plan.sm_count, stream);
+  }
   if (p.zero_unowned && !folds_zero_fill) launch_zero_unowned_rows(p, stream);
 }
 

@@ -290,6 +290,25 @@ def test_moe_heuristic_takes_128_row_tiles_with_deep_k_among_many_experts_or_tho
     assert cutlass_moe.select_config(t, e, n, k, backend="moe", device=-1) == ("moe", expect)
 
 
+# Where the wide tile is picked for fewer than 32 experts with 256 or more rows each, a call also
+# launches the cooperative tile, which the device runs instead on splits of whole 128-row tiles
+# (heuristics.cpp, select_aligned_config): T must be a multiple of 128.
+@pytest.mark.parametrize("t,e,n,k,trans_b,expect", [
+    (4096, 16, 16384, 5120, False, "sm90_cooperative_128x256x64_1x1x1"),  # seed001-llama4: 256 rows
+    (3072, 8, 28672, 4096, False, "sm90_cooperative_128x256x64_1x1x1"),   # Mixtral gate/up: 384 rows
+    (3072 + 64, 8, 28672, 4096, False, None),                             # T not a multiple of 128
+    (1024, 8, 28672, 4096, False, None),                                  # 128 rows: no faster there
+    (4096, 16, 16384, 5120, True, None),                                  # (E, N, K): no wide tile
+    (32768, 256, 4096, 7168, False, None),                                # dsv3-prefill: many experts
+    (8192, 8, 28672, 4096, False, None),                                  # mixtral-prefill: cooperative
+])
+def test_a_second_config_for_splits_of_whole_tiles(t, e, n, k, trans_b, expect):
+    assert cutlass_moe.aligned_config(t, e, n, k, device=-1, trans_b=trans_b) == expect
+    assert cutlass_moe.aligned_config(t, e, n, k, backend="grouped", device=-1, trans_b=trans_b) is None
+    with pytest.raises(ValueError, match="backend"):
+        cutlass_moe.aligned_config(t, e, n, k, backend="bogus")
+
+
 def test_heuristic_sees_the_weights_layout_and_the_dtype():
     # The wide tile is built for (E, K, N) weights only: with trans_b the pingpong tile keeps its place.
     assert cutlass_moe.select_config(4096, 16, 16384, 5120, device=-1) == ("moe", WIDE_TILE)

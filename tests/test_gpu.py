@@ -297,6 +297,92 @@ def test_picks_that_follow_the_dram():
     assert cutlass_moe.select_config(16384, 128, 5760, 2880, backend="moe")[1] == "sm90_cooperative_128x256x64_1x1x1"
 
 
+# Few experts (< 32) with 256-767 rows each and N >= 16384, where the H200 picks the wide tile: the
+# plan also holds the cooperative tile, run instead where every count is a multiple of 128 (read on
+# the device; heuristics.cpp, select_aligned_config).
+ALIGNED_T, ALIGNED_E, ALIGNED_N, ALIGNED_K = 2048, 8, 16384, 512
+
+
+def _auto_plan(t, e, n, k):
+    from cutlass_moe import ops
+    return ops._C.plan(ops._DTYPES[torch.bfloat16], ops._LAYOUTS["kn"], t, e, n, k, ops._BACKENDS["auto"],
+                       ops._CONFIGS["auto"], torch.cuda.current_device(), False)
+
+
+def _skip_unless_two_configs():
+    skip_unless_built("moe", torch.bfloat16, "kn", COOPERATIVE)
+    skip_unless_built("moe", torch.bfloat16, "kn", WIDE)
+    plan = _auto_plan(ALIGNED_T, ALIGNED_E, ALIGNED_N, ALIGNED_K)
+    if plan.config != WIDE:
+        pytest.skip(f"this GPU picks {plan.config} here, not the wide tile (its DRAM: heuristics.cpp)")
+    return plan
+
+
+def test_plans_with_a_config_for_aligned_splits():
+    plan = _skip_unless_two_configs()
+    assert plan.aligned_config == COOPERATIVE
+    # Not where no count vector can be all multiples of 128 (T), below 256 rows, nor with 32 experts.
+    for t, e in [(2048 + 64, ALIGNED_E), (1024, ALIGNED_E), (256 * 32, 32)]:
+        assert _auto_plan(t, e, ALIGNED_N, ALIGNED_K).aligned_config is None, (t, e)
+    # The heuristic's answer stays the wide tile: the choice between the two is the device's.
+    assert cutlass_moe.select_config(ALIGNED_T, ALIGNED_E, ALIGNED_N, ALIGNED_K, backend="moe") == ("moe", WIDE)
+
+
+@pytest.mark.parametrize("counts", [
+    [256] * 8,                                  # even: the cooperative tile
+    [128, 384, 0, 256, 512, 128, 384, 256],     # uneven but whole 128-row tiles: the cooperative tile
+    [250, 262, 256, 256, 256, 256, 256, 256],   # one count off: the wide tile
+    [256, 256, 256, 256, 256, 256, 256, 0],     # whole tiles, a tail no expert owns: cooperative
+    [-128, 4096, 256, 0, 0, 0, 0, 0],           # hostile (clamped alike), multiples of 128: cooperative
+    [-1, 4096, 256, 0, 0, 0, 0, 0],             # hostile, not multiples: the wide tile
+], ids=["even", "aligned", "one_off", "tail", "hostile_aligned", "hostile"])
+@pytest.mark.parametrize("count_dtype", [torch.int32, torch.int64])
+def test_the_device_runs_one_config_per_split(counts, count_dtype):
+    # Auto launches both configs; exactly one computes, and its output is that config's bit for bit,
+    # the unowned tail zeroed for a new output.
+    _skip_unless_two_configs()
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(ALIGNED_T, ALIGNED_K, device="cuda", dtype=torch.bfloat16, generator=gen)
+    w = torch.randn(ALIGNED_E, ALIGNED_K, ALIGNED_N, device="cuda", dtype=torch.bfloat16, generator=gen)
+    c = torch.tensor(counts, dtype=count_dtype, device="cuda")
+    aligned = all(v % 128 == 0 for v in counts)
+    y = moe_gemm(x, w, c)
+    expect = moe_gemm(x, w, c, backend="moe", config=COOPERATIVE if aligned else WIDE)
+    assert torch.equal(y, expect)
+    rows = cutlass_moe.expert_row_ranges(c.cpu(), ALIGNED_T)
+    owned = rows[-1][1] if rows else 0
+    if min(counts) >= 0:
+        assert_close_per_expert(y, x, w, c.cpu(), trans_b=False)
+    assert not y[owned:].any(), "a new output's unowned rows are zeros"
+    names = _kernel_launches(lambda: moe_gemm(x, w, c))
+    assert len(names) == 2 and all("MoeGemmKernel" in n for n in names), names
+
+
+def test_a_graph_replays_the_config_of_each_split():
+    # One capture holds both launches: each replay runs the config its counts ask for.
+    _skip_unless_two_configs()
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    x = torch.randn(ALIGNED_T, ALIGNED_K, device="cuda", dtype=torch.bfloat16, generator=gen)
+    w = torch.randn(ALIGNED_E, ALIGNED_K, ALIGNED_N, device="cuda", dtype=torch.bfloat16, generator=gen)
+    splits = {"even": [256] * 8, "random": [300, 212, 0, 400, 256, 256, 100, 524],
+              "aligned": [512, 0, 128, 384, 256, 256, 128, 384]}
+    c = torch.tensor(splits["random"], dtype=torch.int32, device="cuda")
+    out = torch.empty(ALIGNED_T, ALIGNED_N, device="cuda", dtype=torch.bfloat16)
+    moe_gemm(x, w, c, out=out)  # warm up outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        moe_gemm(x, w, c, out=out)
+    for name in ["even", "random", "aligned", "even", "random"]:
+        c.copy_(torch.tensor(splits[name], dtype=torch.int32))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        config = WIDE if name == "random" else COOPERATIVE
+        assert torch.equal(out, moe_gemm(x, w, c, backend="moe", config=config)), name
+        assert_close_per_expert(out, x, w, c.cpu(), trans_b=False)
+
+
 @requires_kernels
 def test_auto_config_and_new_output():
     skip_unless_built("auto", torch.bfloat16, "kn")

@@ -78,6 +78,12 @@ PYBIND11_MODULE(_C, m) {
   py::class_<MoeGemmPlan>(m, "Plan", "A problem shape resolved to a kernel instance (plan_moe_gemm)")
       .def_property_readonly("backend", [](const MoeGemmPlan& p) { return backend_name(p.backend); })
       .def_property_readonly("config", [](const MoeGemmPlan& p) { return config_name(p.config); })
+      // The config that runs instead where every count is a multiple of 128 (read on the device), or None.
+      .def_property_readonly("aligned_config",
+                             [](const MoeGemmPlan& p) -> py::object {
+                               if (p.aligned_instance == nullptr) return py::none();
+                               return py::str(config_name(p.aligned_config));
+                             })
       .def_readonly("workspace_bytes", &MoeGemmPlan::workspace_bytes)
       .def_readonly("device", &MoeGemmPlan::device);
 
@@ -223,7 +229,8 @@ PYBIND11_MODULE(_C, m) {
                    reinterpret_cast<void*>(workspace), workspace_bytes, reinterpret_cast<cudaStream_t>(stream));
   });
 
-  // The heuristics' picks for these sizes: (backend, config), with backend kAuto resolved first.
+  // The heuristics' picks for these sizes: (backend, config, aligned config), with backend kAuto
+  // resolved first; the aligned config (select_aligned_config) is kAuto where there is none.
   m.def("select", [](int64_t num_tokens, int64_t num_experts, int64_t n, int64_t k, int backend, int device,
                      int dtype, int weight_layout) {
     MoeGemmProblem p;
@@ -235,7 +242,9 @@ PYBIND11_MODULE(_C, m) {
     p.k = k;
     Backend b = static_cast<Backend>(backend);
     if (b == Backend::kAuto) b = select_backend(p, device);
-    return std::make_pair(static_cast<int>(b), static_cast<int>(select_config(p, b, device)));
+    const KernelConfig config = select_config(p, b, device);
+    const KernelConfig aligned = b == Backend::kMoe ? select_aligned_config(p, config, device) : KernelConfig::kAuto;
+    return std::make_tuple(static_cast<int>(b), static_cast<int>(config), static_cast<int>(aligned));
   });
 
   // The sm90 wgrad family backend="auto" takes (select_wgrad_backend).

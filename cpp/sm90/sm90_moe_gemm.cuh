@@ -52,6 +52,7 @@ void MoeGemmInstance<kDType, kLayout, kConfig>::run(const MoeGemmProblem& p, voi
   args.zero_unowned = p.zero_unowned && !interleaved;  // interleaved groups own every row
   if (interleaved) args.groups = {static_cast<int>(p.group_rows), p.x_group_stride, p.out_group_stride};
   args.defer_stores = defer_cooperative_stores(p);
+  args.split_gate = interleaved ? SplitGate::kAlways : p.split_gate;
   // The cooperative tile halves a short last round (sm90_moe_kernel.hpp, CooperativeUnits): 1-3%
   // faster at 800-1100 tiles of few experts (benchmarks/NOTES.md). It costs each role a walk over
   // the counts before its first tile, 32 experts per step, and can save at most half a tile's time:

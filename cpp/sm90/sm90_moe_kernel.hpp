@@ -199,6 +199,7 @@ class MoeGemmKernel {
     bool defer_stores = true;  // cooperative tiles: store each tile during the next one's mainloop
                                // (the host's choice: defer_cooperative_stores)
     bool halve_last_round = true;  // cooperative tiles: a short last round in 64-row halves (CooperativeUnits)
+    SplitGate split_gate = SplitGate::kAlways;  // one of a plan's two launches: run only for its kind of split
     cutlass::KernelHardwareInfo hw_info;  // device_id and sm_count
   };
 
@@ -221,6 +222,7 @@ class MoeGemmKernel {
     MoeGroupLayout groups;
     bool defer_stores;
     bool halve_last_round;
+    SplitGate split_gate;
   };
 
   // Sizes and strides the kernel takes: TMA wants 16-byte multiples; the ragged views keep row and
@@ -278,7 +280,8 @@ class MoeGemmKernel {
              args.epilogue.gated ? p.n / 2 : p.n},
             groups,
             args.defer_stores,
-            args.halve_last_round};
+            args.halve_last_round,
+            args.split_gate};
   }
 
   // Persistent: min(max_ctas, most tiles any count vector can make).
@@ -293,6 +296,18 @@ class MoeGemmKernel {
 
  private:
   using Fused = FusedEpilogue<Element>;
+
+  // Whether every expert's count is a multiple of kAlignedSplitRows, read by the whole CTA (the
+  // counts of a plan's two launches, SplitGate): a thread per expert.
+  CUTLASS_DEVICE static bool counts_aligned(typename Scheduler::Params const& s) {
+    bool aligned = true;
+    for (int e = threadIdx.x; e < s.num_experts; e += blockDim.x) {
+      const int64_t count = s.counts_are_int64 ? static_cast<const int64_t*>(s.tokens_per_expert)[e]
+                                               : static_cast<const int32_t*>(s.tokens_per_expert)[e];
+      aligned = aligned && count % kAlignedSplitRows == 0;
+    }
+    return __syncthreads_and(aligned) != 0;
+  }
 
   // After a consumer's last tile: its share of the unowned rows (both consumers of every CTA split
   // them). owned_rows_end: from the scheduler's walk to its end (Scheduler::owned_rows_end()).
@@ -614,6 +629,12 @@ CUTLASS_DEVICE void MoeGemmKernel<Element, LayoutB, Config, Fusion>::operator()(
   using namespace cute;
   using Mainloop = CollectiveMainloop;
   auto& storage = *reinterpret_cast<SharedStorage*>(smem);
+  // One of a plan's two launches (run_moe_gemm): leave before any other work unless the counts are
+  // the split this launch is for. Every CTA reads them alike, so exactly one of the two runs.
+  if (params.split_gate != SplitGate::kAlways &&
+      counts_aligned(params.scheduler) != (params.split_gate == SplitGate::kAlignedOnly)) {
+    return;
+  }
 
   const int warp_group = cutlass::canonical_warp_group_idx();
   const int warp_in_group = cutlass::canonical_warp_idx_sync() % cutlass::NumWarpsPerWarpGroup;

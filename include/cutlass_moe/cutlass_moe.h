@@ -111,6 +111,16 @@ class Error : public std::runtime_error {
   Status status_;
 };
 
+// Where a plan holds a second config for splits whose counts are all multiples of kAlignedSplitRows
+// (MoeGemmPlan::aligned_instance), run_moe_gemm launches both, and each launch reads the counts on
+// the device and returns at once unless the split is its kind. Callers leave it at kAlways.
+enum class SplitGate : int {
+  kAlways = 0,
+  kAlignedOnly = 1,    // every count a multiple of kAlignedSplitRows
+  kUnalignedOnly = 2,  // some count not
+};
+constexpr int64_t kAlignedSplitRows = 128;  // the cooperative tile's rows
+
 // One MoE GEMM call. Leading dimensions and strides are in elements.
 struct MoeGemmProblem {
   DType dtype = DType::kBFloat16;
@@ -163,6 +173,9 @@ struct MoeGemmProblem {
   // so that out is fully defined at the cost of its tail alone. The MoE families do it inside the
   // GEMM's launch; the grouped families (and K == 0) launch zero_unowned_rows after the GEMM.
   bool zero_unowned = false;
+
+  // Set by run_moe_gemm for a plan's two launches (SplitGate); callers leave it at kAlways.
+  SplitGate split_gate = SplitGate::kAlways;
 };
 
 // Whether `problem` asks for any part of the fused epilogue.
@@ -199,6 +212,10 @@ Backend select_backend(const MoeGemmProblem& problem, int device);
 // MoE families, the only ones that run it.
 Backend select_fused_backend(const MoeGemmProblem& problem, int device);
 KernelConfig select_config(const MoeGemmProblem& problem, Backend backend, int device);
+// The config to run instead of select_config's `picked` where the counts turn out to be multiples of
+// kAlignedSplitRows (an even split of such rows, or a layout that pads each expert to them), read on
+// the device; kAuto where the pick stays for every split.
+KernelConfig select_aligned_config(const MoeGemmProblem& problem, KernelConfig picked, int device);
 
 // A problem shape resolved once: the family, the config and the kernel instance (kAuto resolved
 // through the heuristics), and the workspace it needs. Make one per shape with plan_moe_gemm (which
@@ -216,6 +233,12 @@ struct MoeGemmPlan {
   WeightLayout weight_layout = WeightLayout::kKN;
   int64_t num_tokens = 0, num_experts = 0, n = 0, k = 0;
   const void* instance = nullptr;  // the dispatcher's kernel instance; null when nothing is multiplied
+  // config = kAuto's second instance, or null: it runs instead of `instance` where every count is a
+  // multiple of kAlignedSplitRows (select_aligned_config). run_moe_gemm then launches both, and each
+  // launch reads the counts on the device (SplitGate): no host synchronization, and a CUDA graph
+  // replays either with new counts.
+  const void* aligned_instance = nullptr;
+  KernelConfig aligned_config = KernelConfig::kAuto;
 };
 
 // Resolves `backend` and `config` for the shape, dtype and layout of `problem` on `device`

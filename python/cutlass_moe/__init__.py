@@ -14,7 +14,7 @@ from . import _C
 from .compat import gmm, grouped_mm
 from .fused import interleave_gate_up, moe_gemm_gated
 from .grouped_linear import GroupedLinear, GroupedMLP, grouped_linear, grouped_mlp
-from .ops import MAX_TOKENS, moe_gemm, moe_gemm_wgrad, select_config
+from .ops import MAX_TOKENS, aligned_config, moe_gemm, moe_gemm_wgrad, select_config
 from .reference import expert_row_ranges, moe_gemm_reference, moe_gemm_wgrad_reference
 from .tuning import tune, tuning_file
 
@@ -22,7 +22,7 @@ __version__ = "0.1.0"
 
 __all__ = ["moe_gemm", "moe_gemm_wgrad", "moe_gemm_gated", "interleave_gate_up", "grouped_linear", "grouped_mlp",
            "GroupedLinear", "GroupedMLP", "gmm", "grouped_mm", "moe_gemm_reference", "moe_gemm_wgrad_reference",
-           "expert_row_ranges", "select_config", "tune", "tuning_file", "built_configs", "build_info", "MAX_TOKENS"]
+           "expert_row_ranges", "select_config", "aligned_config", "tune", "tuning_file", "built_configs", "build_info", "MAX_TOKENS"]
 
 
 def built_configs() -> List[str]:

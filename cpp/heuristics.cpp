@@ -133,8 +133,8 @@ KernelConfig select_config(const MoeGemmProblem& problem, Backend backend, int d
 
 // Where the wide tile is picked for few experts (< 32) with 256 or more rows each, the cooperative
 // tile pads nothing on a split whose counts are all multiples of its 128 rows, and reads each weight
-// tile half as often: 2-6% faster there on an even split (Mixtral's and Llama 4 Scout's gate/up at
-// 256, 384 and 512 rows per expert; benchmarks/sweep_h200.json), and 2-10% slower on random and
+// tile half as often: 1-6% faster there on an even split (Mixtral's and Llama 4 Scout's gate/up at
+// 256, 384 and 512 rows per expert; benchmarks/sweep_h200.json), and up to 10% slower on random and
 // skewed splits of the same averages. Only the counts tell the two apart, so the plan holds both and
 // the device picks (MoeGemmPlan::aligned_instance). T must be a multiple of 128 for every count to be
 // one: elsewhere nothing is gained, and the plan keeps one launch. Below 256 rows (an even 128) the

@@ -391,20 +391,19 @@ MoeGemmPlan plan_moe_gemm(const MoeGemmProblem& p, Backend backend, KernelConfig
   plan.sm_count = device_facts(device).sm_count;
   plan.workspace_bytes = inst.workspace_size(p.num_experts, plan.sm_count);
   plan.instance = &inst;
-  // A second config for splits of whole 128-row tiles, where the heuristic has one and it is built.
-  const KernelConfig aligned = config == KernelConfig::kAuto && inst.backend == Backend::kMoe
-                                   ? select_aligned_config(p, inst.config, device)
-                                   : KernelConfig::kAuto;
-  for (const Instance& other : instances()) {
-    if (aligned == KernelConfig::kAuto) break;
-    if (other.backend != inst.backend || other.dtype != p.dtype || other.layout != p.weight_layout ||
-        other.config != aligned) {
-      continue;
+  // config = kAuto: a second config for splits of whole 128-row tiles, where the heuristic has one
+  // and this build holds it.
+  if (config == KernelConfig::kAuto && inst.backend == Backend::kMoe) {
+    const KernelConfig aligned = select_aligned_config(p, inst.config, device);
+    const auto it = std::find_if(instances().begin(), instances().end(), [&](const Instance& other) {
+      return other.backend == inst.backend && other.dtype == p.dtype && other.layout == p.weight_layout &&
+             other.config == aligned;
+    });
+    if (aligned != KernelConfig::kAuto && it != instances().end()) {
+      plan.aligned_instance = &*it;
+      plan.aligned_config = aligned;
+      plan.workspace_bytes = std::max(plan.workspace_bytes, it->workspace_size(p.num_experts, plan.sm_count));
     }
-    plan.aligned_instance = &other;
-    plan.aligned_config = aligned;
-    plan.workspace_bytes = std::max(plan.workspace_bytes, other.workspace_size(p.num_experts, plan.sm_count));
-    break;
   }
   return plan;
 }

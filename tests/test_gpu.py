@@ -503,7 +503,7 @@ def test_tune_remembers_the_fastest_config(tmp_path, monkeypatch):
     try:
         (res,) = cutlass_moe.tune([(1000, 8, 256, 384)], warmup_ms=2, rep_ms=5)
         assert res["ms"] == min(res["times"].values()) and f"{res['backend']}:{res['config']}" in res["times"]
-        assert res["heuristic"] in res["times"] and len(res["times"]) >= 2
+        assert res["heuristic"] in res["times"] and len(res["times"]) >= 2 and res["remembered"]
         saved = json.loads((tmp_path / "tuning.json").read_text())["choices"]["bf16:kn:1000:8:384:256"]
         assert (saved["backend"], saved["config"]) == (res["backend"], res["config"])
         gen = torch.Generator(device="cuda").manual_seed(11)
@@ -521,6 +521,32 @@ def test_tune_remembers_the_fastest_config(tmp_path, monkeypatch):
         assert ":".join((r.plan.backend, r.plan.config)) == res["heuristic"]
     finally:
         ops._RESOLVED.clear()  # later tests resolve without this file
+
+
+def test_tune_leaves_splits_of_whole_tiles_to_auto(tmp_path, monkeypatch):
+    # tune times an even split. Where that split is one of whole 128-row tiles and its fastest config
+    # is the plan's aligned config, auto already runs it there (and the wide tile on other splits):
+    # tune remembers nothing, and an auto call keeps both configs.
+    from cutlass_moe import ops, tuning
+    _skip_unless_two_configs()
+    monkeypatch.setenv("CUTLASS_MOE_TUNING_FILE", str(tmp_path / "tuning.json"))
+    monkeypatch.setattr(tuning, "_tables", {})
+    try:
+        (res,) = cutlass_moe.tune([(ALIGNED_T, ALIGNED_E, ALIGNED_K, ALIGNED_N)], warmup_ms=2, rep_ms=5)
+        key = f"bf16:kn:{ALIGNED_T}:{ALIGNED_E}:{ALIGNED_N}:{ALIGNED_K}"
+        lookup = tuning.choice(ops._DTYPES[torch.bfloat16], ops._LAYOUTS["kn"], ALIGNED_T, ALIGNED_E, ALIGNED_N,
+                               ALIGNED_K, torch.cuda.current_device())
+        if (res["backend"], res["config"]) == ("moe", COOPERATIVE):
+            assert not res["remembered"] and lookup is None, key
+            x = torch.randn(ALIGNED_T, ALIGNED_K, device="cuda", dtype=torch.bfloat16)
+            w = torch.randn(ALIGNED_E, ALIGNED_K, ALIGNED_N, device="cuda", dtype=torch.bfloat16)
+            counts = torch.full((ALIGNED_E,), ALIGNED_T // ALIGNED_E, device="cuda", dtype=torch.int32)
+            r = ops._resolved_call(x, w, counts, False, "auto", "auto")
+            assert (r.plan.config, r.plan.aligned_config) == (WIDE, COOPERATIVE)
+        else:  # another config was faster even there: remembered as any other choice
+            assert res["remembered"] and lookup == (res["backend"], res["config"]), key
+    finally:
+        ops._RESOLVED.clear()
 
 
 @backends

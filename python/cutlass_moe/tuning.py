@@ -163,10 +163,13 @@ def tune(problems: Iterable[Problem], *, dtype: torch.dtype = torch.bfloat16, tr
 
     Returns:
         One dict per problem: the shape, ``backend`` and ``config`` chosen with their ``ms``, the
-        heuristic's choice and its ``heuristic_ms``, and every config's time in ``times``. Configs
-        whose result differs from the heuristic's (beyond bf16 rounding) are left out.
+        heuristic's choice and its ``heuristic_ms``, every config's time in ``times``, and whether
+        the choice was ``remembered``. Configs whose result differs from the heuristic's (beyond
+        bf16 rounding) are left out. A choice that is the shape's :func:`cutlass_moe.aligned_config`
+        is not remembered: the even split timed here is one of whole 128-row tiles, where auto
+        already runs that config, and auto keeps the heuristic's for the shape's other splits.
     """
-    from .ops import _RESOLVED, select_config
+    from .ops import _RESOLVED, aligned_config, select_config
 
     if not torch.cuda.is_available():
         raise RuntimeError("tune: needs a CUDA GPU (default calls never measure; they take select_config's choice)")
@@ -195,8 +198,12 @@ def tune(problems: Iterable[Problem], *, dtype: torch.dtype = torch.bfloat16, tr
                                                dtype=dtype))
             entry = {"backend": best.split(":")[0], "config": best.split(":")[1], "ms": times[best],
                      "heuristic": heuristic, "heuristic_ms": times.get(heuristic)}
-            new[_key(dtype_name, layout, num_tokens, num_experts, n, k)] = entry
-            results.append({"T": num_tokens, "E": num_experts, "K": k, "N": n, **entry, "times": times})
+            aligned = aligned_config(num_tokens, num_experts, n, k, device=device, trans_b=trans_b, dtype=dtype)
+            remembered = not (aligned is not None and best == f"{heuristic.split(':')[0]}:{aligned}")
+            if remembered:
+                new[_key(dtype_name, layout, num_tokens, num_experts, n, k)] = entry
+            results.append({"T": num_tokens, "E": num_experts, "K": k, "N": n, **entry, "times": times,
+                            "remembered": remembered})
             del x, w
     if save:
         path = tuning_file(device)

@@ -358,6 +358,26 @@ def test_the_device_runs_one_config_per_split(counts, count_dtype):
     assert len(names) == 2 and all("MoeGemmKernel" in n for n in names), names
 
 
+@pytest.mark.parametrize("aligned", [True, False], ids=["aligned", "uneven"])
+def test_the_device_runs_one_config_per_split_gated(aligned):
+    # The same for the fused gated projection with a bias and a row scale (Mixtral's and Llama 4's
+    # gate/up, where the split decides): bitwise the forced config's output.
+    _skip_unless_two_configs()
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    x = torch.randn(ALIGNED_T, ALIGNED_K, device="cuda", dtype=torch.bfloat16, generator=gen)
+    w = torch.randn(ALIGNED_E, ALIGNED_K, ALIGNED_N, device="cuda", dtype=torch.bfloat16, generator=gen)
+    bias = torch.randn(ALIGNED_E, ALIGNED_N, device="cuda", dtype=torch.bfloat16, generator=gen)
+    scale = torch.rand(ALIGNED_T, device="cuda", generator=gen)
+    counts = [512, 0, 128, 384, 256, 256, 128, 384] if aligned else [300, 212, 0, 400, 256, 256, 100, 524]
+    c = torch.tensor(counts, dtype=torch.int32, device="cuda")
+    kwargs = dict(activation="silu", bias=bias, row_scale=scale)
+    y = cutlass_moe.moe_gemm_gated(x, w, c, **kwargs)
+    expect = cutlass_moe.moe_gemm_gated(x, w, c, backend="moe", config=COOPERATIVE if aligned else WIDE, **kwargs)
+    assert torch.equal(y, expect)
+    other = cutlass_moe.moe_gemm_gated(x, w, c, backend="moe", config=WIDE if aligned else COOPERATIVE, **kwargs)
+    torch.testing.assert_close(y, other, rtol=2e-2, atol=2e-2)  # the other tile agrees within rounding
+
+
 def test_a_graph_replays_the_config_of_each_split():
     # One capture holds both launches: each replay runs the config its counts ask for.
     _skip_unless_two_configs()

@@ -178,7 +178,7 @@ def tune(problems: Iterable[Problem], *, dtype: torch.dtype = torch.bfloat16, tr
     device = torch.cuda.current_device() if device is None else device
     dtype_name, layout = _storage_names(dtype, trans_b)
     pairs = candidates(dtype, trans_b)
-    results, new = [], {}
+    results, new, forget = [], {}, set()
     gen = torch.Generator(device=f"cuda:{device}").manual_seed(0)
     with torch.cuda.device(device), torch.no_grad():
         for problem in problems:
@@ -200,14 +200,17 @@ def tune(problems: Iterable[Problem], *, dtype: torch.dtype = torch.bfloat16, tr
                      "heuristic": heuristic, "heuristic_ms": times.get(heuristic)}
             aligned = aligned_config(num_tokens, num_experts, n, k, device=device, trans_b=trans_b, dtype=dtype)
             remembered = not (aligned is not None and best == f"{heuristic.split(':')[0]}:{aligned}")
+            key = _key(dtype_name, layout, num_tokens, num_experts, n, k)
             if remembered:
-                new[_key(dtype_name, layout, num_tokens, num_experts, n, k)] = entry
+                new[key] = entry
+            else:
+                forget.add(key)  # and an earlier tune's choice for the shape goes
             results.append({"T": num_tokens, "E": num_experts, "K": k, "N": n, **entry, "times": times,
                             "remembered": remembered})
             del x, w
     if save:
         path = tuning_file(device)
-        choices = {**_read(path), **new}
+        choices = {key: entry for key, entry in {**_read(path), **new}.items() if key not in forget}
         _write(path, choices, device)
         _tables[device] = choices if _enabled() else {}
         _RESOLVED.clear()  # resolutions made before now took the old choices

@@ -30,7 +30,7 @@ import math
 import os
 import sys
 import time
-from typing import Dict, Iterator, List
+from typing import Dict, Iterator, List, Optional
 
 import torch
 
@@ -81,6 +81,19 @@ def shapes(models: List[str], rows: List[int], splits: List[str]) -> Iterator[di
                            "rows_per_expert": per_expert, "split": split}
 
 
+def auto_pick(shape: dict, counts: torch.Tensor, device: Optional[int] = None, trans_b: bool = False) -> str:
+    """"backend:config" that a config="auto" call runs on these counts: the heuristic's pick, or its
+    aligned config where the plan holds one and every count is a multiple of 128 (read on the device;
+    cutlass_moe.aligned_config)."""
+    import cutlass_moe
+    t, e, n, k = shape["T"], shape["E"], shape["N"], shape["K"]
+    backend, config = cutlass_moe.select_config(t, e, n, k, device=device, trans_b=trans_b)
+    aligned = cutlass_moe.aligned_config(t, e, n, k, device=device, trans_b=trans_b)
+    if aligned is not None and bool((counts % 128 == 0).all()):
+        config = aligned
+    return f"{backend}:{config}"
+
+
 def floor_us(shape: dict, counts: torch.Tensor) -> float:
     return bench.floor_ms(shape, counts, bench.H200_TFLOPS, bench.H200_TBPS) * 1e3
 
@@ -111,13 +124,13 @@ DEFAULT_CONFIGS = ("moe:sm90_pingpong_64x256x64_1x1x1", "moe:sm90_cooperative_12
 
 
 def judge(rows: List[dict], configs, device: int = -1, trans_b: bool = False) -> List[dict]:
-    """The rows with the installed heuristic's pick (select_config on `device`; -1, the default,
-    takes the H200's rule and needs no GPU) and its time, and only the given configs' times: a
-    stored table judged again after the heuristic changed."""
-    import cutlass_moe
+    """The rows with the installed heuristic's pick (auto_pick on `device`, on each row's counts
+    drawn again as the sweep drew them; -1, the default, takes the H200's rule and needs no GPU) and
+    its time, and only the given configs' times: a stored table judged again after the heuristic
+    changed."""
     judged = []
-    for r in rows:
-        pick = ":".join(cutlass_moe.select_config(r["T"], r["E"], r["N"], r["K"], device=device, trans_b=trans_b))
+    for i, r in enumerate(rows):
+        pick = auto_pick(r, split_counts(r["E"], r["T"], r["split"], seed=i), device, trans_b)
         times = {c: t for c, t in r["times"].items() if c in configs}
         judged.append({**r, "times": times, "heuristic": pick, "heuristic_ms": times.get(pick)})
     return judged
@@ -163,7 +176,6 @@ def main() -> int:
         print(json.dumps(summary, indent=1))
         return 0
 
-    import cutlass_moe
     from cutlass_moe import tuning
     os.environ["CUTLASS_MOE_TUNING"] = "0"  # the heuristic's own choices, whatever was tuned here
     families = args.families.split(",")
@@ -183,8 +195,7 @@ def main() -> int:
             w = torch.randn(shape["E"], *dims, device="cuda", dtype=torch.bfloat16, generator=gen) * shape["K"] ** -0.5
             times = tuning.time_configs(x, w, counts.cuda(), args.trans_b, pairs, args.warmup_ms, args.rep_ms,
                                         args.rounds)
-            heuristic = ":".join(cutlass_moe.select_config(shape["T"], shape["E"], shape["N"], shape["K"],
-                                                           trans_b=args.trans_b))
+            heuristic = auto_pick(shape, counts, trans_b=args.trans_b)
             row = {**shape, "floor_us": floor_us(shape, counts), "times": times, "heuristic": heuristic,
                    "heuristic_ms": times.get(heuristic)}
             rows.append(row)

@@ -646,10 +646,18 @@ def test_sweep_shapes_splits_and_summary(monkeypatch):
     assert judged[0]["heuristic"] == pick and judged[0]["heuristic_ms"] == 2.9
     assert "moe:extra_tile" not in judged[0]["times"]
     assert sweep.summarize(judged, min_floor_us=50.0)["heuristic_within_5pct"] == 1.0
+    # What auto runs: on an even split of whole 128-row tiles where the plan holds a second config
+    # (Llama 4 Scout's gate/up at 256 rows), that config's time; on an uneven split, the pick's.
+    wide, coop = "moe:sm90_cooperative_wide_64x512x32_1x1x1", "moe:sm90_cooperative_128x256x64_1x1x1"
+    llama4 = dict(model="llama4-scout", proj="gate_up", E=16, T=4096, K=5120, N=16384, floor_us=900.0,
+                  times={**{c: 1.2 for c in sweep.DEFAULT_CONFIGS}, wide: 1.1, coop: 1.05})
+    judged = sweep.judge([{**llama4, "split": "uniform"}, {**llama4, "split": "random"}], sweep.DEFAULT_CONFIGS)
+    assert [(r["heuristic"], r["heuristic_ms"]) for r in judged] == [(coop, 1.05), (wide, 1.1)]
     # --judge-device: the pick is that device's rule (an H100's table is judged on an H100).
     asked = []
     monkeypatch.setattr(cutlass_moe, "select_config",
                         lambda *a, device=None, trans_b=False: asked.append((device, trans_b)) or ("moe", "x"))
+    monkeypatch.setattr(cutlass_moe, "aligned_config", lambda *a, device=None, trans_b=False: None)
     assert sweep.judge(stored, sweep.DEFAULT_CONFIGS, device=3)[0]["heuristic"] == "moe:x" and asked == [(3, False)]
     # A table timed with (E, N, K) weights (--trans-b) is judged with that layout's rule.
     sweep.judge(stored, sweep.DEFAULT_CONFIGS, trans_b=True)

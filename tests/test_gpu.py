@@ -318,6 +318,14 @@ def _skip_unless_two_configs():
     return plan
 
 
+def _aligned_operands(seed):
+    """x (T, K), weights (E, K, N) and the generator that drew them, for the aligned tests' shape."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(ALIGNED_T, ALIGNED_K, device="cuda", dtype=torch.bfloat16, generator=gen)
+    w = torch.randn(ALIGNED_E, ALIGNED_K, ALIGNED_N, device="cuda", dtype=torch.bfloat16, generator=gen)
+    return x, w, gen
+
+
 def test_plans_with_a_config_for_aligned_splits():
     plan = _skip_unless_two_configs()
     assert plan.aligned_config == COOPERATIVE
@@ -341,9 +349,7 @@ def test_the_device_runs_one_config_per_split(counts, count_dtype):
     # Auto launches both configs; exactly one computes, and its output is that config's bit for bit,
     # the unowned tail zeroed for a new output.
     _skip_unless_two_configs()
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    x = torch.randn(ALIGNED_T, ALIGNED_K, device="cuda", dtype=torch.bfloat16, generator=gen)
-    w = torch.randn(ALIGNED_E, ALIGNED_K, ALIGNED_N, device="cuda", dtype=torch.bfloat16, generator=gen)
+    x, w, _ = _aligned_operands(0)
     c = torch.tensor(counts, dtype=count_dtype, device="cuda")
     aligned = all(v % 128 == 0 for v in counts)
     y = moe_gemm(x, w, c)
@@ -363,9 +369,7 @@ def test_the_device_runs_one_config_per_split_gated(aligned):
     # The same for the fused gated projection with a bias and a row scale (Mixtral's and Llama 4's
     # gate/up, where the split decides): bitwise the forced config's output.
     _skip_unless_two_configs()
-    gen = torch.Generator(device="cuda").manual_seed(2)
-    x = torch.randn(ALIGNED_T, ALIGNED_K, device="cuda", dtype=torch.bfloat16, generator=gen)
-    w = torch.randn(ALIGNED_E, ALIGNED_K, ALIGNED_N, device="cuda", dtype=torch.bfloat16, generator=gen)
+    x, w, gen = _aligned_operands(2)
     bias = torch.randn(ALIGNED_E, ALIGNED_N, device="cuda", dtype=torch.bfloat16, generator=gen)
     scale = torch.rand(ALIGNED_T, device="cuda", generator=gen)
     counts = [512, 0, 128, 384, 256, 256, 128, 384] if aligned else [300, 212, 0, 400, 256, 256, 100, 524]
@@ -381,9 +385,7 @@ def test_the_device_runs_one_config_per_split_gated(aligned):
 def test_a_graph_replays_the_config_of_each_split():
     # One capture holds both launches: each replay runs the config its counts ask for.
     _skip_unless_two_configs()
-    gen = torch.Generator(device="cuda").manual_seed(1)
-    x = torch.randn(ALIGNED_T, ALIGNED_K, device="cuda", dtype=torch.bfloat16, generator=gen)
-    w = torch.randn(ALIGNED_E, ALIGNED_K, ALIGNED_N, device="cuda", dtype=torch.bfloat16, generator=gen)
+    x, w, _ = _aligned_operands(1)
     splits = {"even": [256] * 8, "random": [300, 212, 0, 400, 256, 256, 100, 524],
               "aligned": [512, 0, 128, 384, 256, 256, 128, 384]}
     c = torch.tensor(splits["random"], dtype=torch.int32, device="cuda")
@@ -561,8 +563,7 @@ def test_tune_leaves_splits_of_whole_tiles_to_auto(tmp_path, monkeypatch):
                                ALIGNED_K, torch.cuda.current_device())
         if (res["backend"], res["config"]) == ("moe", COOPERATIVE):
             assert not res["remembered"] and lookup is None, key
-            x = torch.randn(ALIGNED_T, ALIGNED_K, device="cuda", dtype=torch.bfloat16)
-            w = torch.randn(ALIGNED_E, ALIGNED_K, ALIGNED_N, device="cuda", dtype=torch.bfloat16)
+            x, w, _ = _aligned_operands(3)
             counts = torch.full((ALIGNED_E,), ALIGNED_T // ALIGNED_E, device="cuda", dtype=torch.int32)
             r = ops._resolved_call(x, w, counts, False, "auto", "auto")
             assert (r.plan.config, r.plan.aligned_config) == (WIDE, COOPERATIVE)

@@ -120,6 +120,19 @@ def _on_device(device: int, fn, *args) -> None:
             fn(*args)
 
 
+def _select(num_tokens, num_experts, n, k, backend, device, trans_b, dtype) -> Tuple[int, int, int]:
+    """The core's (backend, config, aligned config) values for select_config and aligned_config,
+    their arguments checked; device None: the current CUDA device, or an sm90 one where there is none."""
+    if backend not in _BACKENDS:
+        raise ValueError(f"backend: expected one of {sorted(_BACKENDS)}, got {backend!r}")
+    if dtype not in _DTYPES:
+        raise TypeError(f"dtype: expected torch.bfloat16 or torch.float16, got {dtype}")
+    if device is None:
+        device = torch.cuda.current_device() if torch.cuda.is_available() else -1
+    return _C.select(num_tokens, num_experts, n, k, _BACKENDS[backend], device, _DTYPES[dtype],
+                     _LAYOUTS["nk" if trans_b else "kn"])
+
+
 def select_config(num_tokens: int, num_experts: int, n: int, k: int, backend: str = "auto",
                   device: Optional[int] = None, *, trans_b: bool = False,
                   dtype: torch.dtype = torch.bfloat16) -> Tuple[str, str]:
@@ -134,14 +147,7 @@ def select_config(num_tokens: int, num_experts: int, n: int, k: int, backend: st
     Where the MoE family's pick is the wide tile for few experts with 256 or more rows each, a call
     also launches the cooperative tile, and the device runs it instead when every count is a multiple
     of 128 (see :func:`aligned_config`)."""
-    if backend not in _BACKENDS:
-        raise ValueError(f"backend: expected one of {sorted(_BACKENDS)}, got {backend!r}")
-    if dtype not in _DTYPES:
-        raise TypeError(f"dtype: expected torch.bfloat16 or torch.float16, got {dtype}")
-    if device is None:
-        device = torch.cuda.current_device() if torch.cuda.is_available() else -1
-    b, c, _ = _C.select(num_tokens, num_experts, n, k, _BACKENDS[backend], device, _DTYPES[dtype],
-                        _LAYOUTS["nk" if trans_b else "kn"])
+    b, c, _ = _select(num_tokens, num_experts, n, k, backend, device, trans_b, dtype)
     return _BACKEND_NAMES[b], _CONFIG_NAMES[c]
 
 
@@ -156,14 +162,7 @@ def aligned_config(num_tokens: int, num_experts: int, n: int, k: int, backend: s
     Today: the cooperative 128x256 tile where the heuristic takes the wide tile for fewer than 32
     experts with 256 or more rows each (Mixtral's and Llama 4 Scout's gate/up projections): on
     splits of whole 128-row tiles 2-6% faster than the wide tile, on others up to 10% slower."""
-    if backend not in _BACKENDS:
-        raise ValueError(f"backend: expected one of {sorted(_BACKENDS)}, got {backend!r}")
-    if dtype not in _DTYPES:
-        raise TypeError(f"dtype: expected torch.bfloat16 or torch.float16, got {dtype}")
-    if device is None:
-        device = torch.cuda.current_device() if torch.cuda.is_available() else -1
-    _, _, a = _C.select(num_tokens, num_experts, n, k, _BACKENDS[backend], device, _DTYPES[dtype],
-                        _LAYOUTS["nk" if trans_b else "kn"])
+    _, _, a = _select(num_tokens, num_experts, n, k, backend, device, trans_b, dtype)
     return None if a == _CONFIGS["auto"] else _CONFIG_NAMES[a]
 
 

@@ -15,7 +15,7 @@ are bound by the launch), gives the share of shapes where the heuristic is withi
 the lowest floor fractions, how many shapes are under 0.7 of the floor, and the worst five.
 
 To run on the GPU machine (after the build):
-  python3 benchmarks/sweep.py [--models a,b] [--rows 16,128,1024] [--splits uniform,random,skewed]
+  python3 benchmarks/sweep.py [--models a,b] [--rows 16,128,1024] [--splits uniform,random,skewed,aligned]
                               [--out sweep.json] [--start N] [--limit N] [--families moe,grouped]
 To judge a stored table with the installed heuristic (no GPU): python3 benchmarks/sweep.py --judge
 benchmarks/sweep_h200.json (the heuristic in cpp/heuristics.cpp was fitted on that table, and its
@@ -51,14 +51,21 @@ MODELS = {
     "qwen1.5-moe": (60, 2048, 1408),
 }
 ROWS = (16, 64, 96, 128, 192, 256, 384, 512, 1024, 4096)  # average rows per expert
-SPLITS = ("uniform", "random", "skewed")
+SPLITS = ("uniform", "random", "skewed")  # the stored tables' splits (the default)
+# Also drawn on request (--splits): "aligned", random counts in whole 128-row tiles, as a layout that
+# pads each expert to 128 rows makes them (where auto may run the plan's aligned config).
+EXTRA_SPLITS = ("aligned",)
 
 
 def split_counts(num_experts: int, num_tokens: int, split: str, seed: int) -> torch.Tensor:
-    """Counts summing to num_tokens: even, random (the bench's recipe), or one expert with half."""
+    """Counts summing to num_tokens: even, random (the bench's recipe), one expert with half, or
+    random in whole 128-row tiles (the remainder of T / 128 to the last expert)."""
     gen = torch.Generator().manual_seed(seed)
     if split == "uniform":
         counts = torch.full((num_experts,), num_tokens // num_experts, dtype=torch.int64)
+    elif split == "aligned":
+        tiles = torch.multinomial(torch.ones(num_experts), num_tokens // 128, replacement=True, generator=gen)
+        counts = torch.bincount(tiles, minlength=num_experts).to(torch.int64) * 128
     elif split in ("random", "skewed"):
         share = torch.rand(num_experts, generator=gen)
         rest = num_tokens if split == "random" else num_tokens - num_tokens // 2
@@ -66,7 +73,7 @@ def split_counts(num_experts: int, num_tokens: int, split: str, seed: int) -> to
         if split == "skewed":
             counts[int(torch.randint(num_experts, (1,), generator=gen))] += num_tokens // 2
     else:
-        raise ValueError(f"split: expected one of {SPLITS}, got {split!r}")
+        raise ValueError(f"split: expected one of {SPLITS + EXTRA_SPLITS}, got {split!r}")
     counts[-1] += num_tokens - int(counts.sum())
     return counts
 

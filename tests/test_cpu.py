@@ -624,6 +624,10 @@ def test_sweep_shapes_splits_and_summary(monkeypatch):
     assert int(sweep.split_counts(60, 60 * 129, "skewed", seed=3).max()) >= 60 * 129 // 2
     with pytest.raises(ValueError, match="split"):
         sweep.split_counts(4, 64, "zipf", seed=0)
+    # "aligned" (on request): random counts in whole 128-row tiles, the remainder to the last expert.
+    aligned = sweep.split_counts(60, 60 * 256, "aligned", seed=3)
+    assert int(aligned.sum()) == 60 * 256 and bool((aligned % 128 == 0).all()) and len(set(aligned.tolist())) > 1
+    assert int(sweep.split_counts(60, 60 * 129, "aligned", seed=3)[:-1].remainder(128).sum()) == 0
     shapes = list(sweep.shapes(["olmoe"], [16, 256], ["uniform"]))
     assert [(s["proj"], s["K"], s["N"], s["T"]) for s in shapes] == [
         ("gate_up", 2048, 2048, 1024), ("gate_up", 2048, 2048, 16384), ("down", 1024, 2048, 1024),

@@ -1,6 +1,7 @@
 """The split read on the device: auto (both configs launched, the counts pick one) against each config
-forced, on even, 128-aligned, random and skewed splits of the shapes where the plan holds two
-(heuristics.cpp, select_aligned_config: the wide tile for few experts with 256+ rows each).
+forced, on the sweep's even, 128-aligned, random and skewed splits (benchmarks/sweep.py,
+split_counts) of the shapes where the plan holds two (heuristics.cpp, select_aligned_config: the
+wide tile for few experts with 256+ rows each).
 
 Each time is the median over --rounds alternating rounds (do_bench medians, L2 flushed), outputs
 checked bitwise against the config the split should run. The auto / best-forced ratio shows what
@@ -12,11 +13,16 @@ To run (on the GPU machine, from outside the source tree): python3 aligned_split
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 
 import torch
 
 import cutlass_moe
 from cutlass_moe import bench
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from sweep import split_counts  # noqa: E402  (the sweep's splits, "aligned" included)
 
 COOPERATIVE = "sm90_cooperative_128x256x64_1x1x1"
 WIDE = "sm90_cooperative_wide_64x512x32_1x1x1"
@@ -26,25 +32,10 @@ SHAPES = [("llama4-scout gate/up, 256 rows", 4096, 16, 5120, 16384),
           ("mixtral-8x7b gate/up, 512 rows", 4096, 8, 4096, 28672)]
 
 
-def splits(t: int, e: int, gen: torch.Generator) -> dict:
-    """Count vectors summing to t: even, random multiples of 128, random, skewed (one expert half)."""
-    even = torch.full((e,), t // e, dtype=torch.int64)
-    tiles = torch.multinomial(torch.ones(e), t // 128, replacement=True, generator=gen)
-    aligned = torch.bincount(tiles, minlength=e) * 128
-    share = torch.rand(e, generator=gen)
-    rnd = (share / share.sum() * t).to(torch.int64)
-    rnd[-1] += t - int(rnd.sum())
-    skewed = (share / share.sum() * (t - t // 2)).to(torch.int64)
-    skewed[0] += t // 2
-    skewed[-1] += t - int(skewed.sum())
-    return {"even": even, "aligned": aligned, "random": rnd, "skewed": skewed}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
-    gen = torch.Generator().manual_seed(0)
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, bf16 (E, K, N); ms, median of "
           f"{args.rounds} alternating rounds")
     print(f"{'shape':<34}{'split':<9}{'runs':<6}{'auto':>8}{'coop':>8}{'wide':>8}{'auto/best':>10}{'coop/wide':>10}")
@@ -52,7 +43,8 @@ def main() -> None:
         assert cutlass_moe.aligned_config(t, e, n, k) == COOPERATIVE, (name, cutlass_moe.select_config(t, e, n, k))
         x = torch.randn(t, k, device="cuda", dtype=torch.bfloat16)
         w = torch.randn(e, k, n, device="cuda", dtype=torch.bfloat16) * k ** -0.5
-        for split, counts in splits(t, e, gen).items():
+        for index, split in enumerate(("uniform", "aligned", "random", "skewed")):
+            counts = split_counts(e, t, split, seed=index)
             c = counts.to("cuda", torch.int32)
             runs = COOPERATIVE if all(int(v) % 128 == 0 for v in counts) else WIDE
             y = cutlass_moe.moe_gemm(x, w, c)

@@ -40,13 +40,6 @@ from energy_per_call import window  # noqa: E402  (the same sustained timing)
 H200_TBPS = 4.36  # the bench's fixed DRAM ceiling
 
 
-def case_work(case: dict, counts: torch.Tensor) -> tuple:
-    """(FLOPs, GB) as the bench's floor counts them."""
-    t, k, n = case["T"], case["K"], case["N"]
-    active = int((counts > 0).sum())
-    return 2.0 * t * k * n, 2.0 * (t * k + active * k * n + t * n) / 1e9
-
-
 def calibrate(heat_s: float, seconds: float) -> dict:
     """alpha (ms per FLOP) and beta (ms per GB), each runner's reading beside them."""
     dev, dt = "cuda", torch.bfloat16
@@ -110,7 +103,8 @@ def main() -> int:
             x = torch.randn(t, k, device="cuda", dtype=torch.bfloat16)
             w = torch.randn(e, k, n, device="cuda", dtype=torch.bfloat16) * k ** -0.5
             counts_gpu = counts.to("cuda", torch.int32)
-            flops, gb = case_work(case, counts)
+            flops, nbytes = bench.case_work(case, counts)
+            gb = nbytes / 1e9
             floor = bench.floor_ms(case, counts, 790, H200_TBPS)
             energy = max(alpha * flops + beta * gb, gb / H200_TBPS)
             ours = window(lambda: cutlass_moe.moe_gemm(x, w, counts_gpu), args.heat_s, args.seconds)["ms"]

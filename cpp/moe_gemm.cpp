@@ -395,11 +395,13 @@ MoeGemmPlan plan_moe_gemm(const MoeGemmProblem& p, Backend backend, KernelConfig
   // and this build holds it.
   if (config == KernelConfig::kAuto && inst.backend == Backend::kMoe) {
     const KernelConfig aligned = select_aligned_config(p, inst.config, device);
-    const auto it = std::find_if(instances().begin(), instances().end(), [&](const Instance& other) {
-      return other.backend == inst.backend && other.dtype == p.dtype && other.layout == p.weight_layout &&
-             other.config == aligned;
-    });
-    if (aligned != KernelConfig::kAuto && it != instances().end()) {
+    const auto it = aligned == KernelConfig::kAuto
+                        ? instances().end()
+                        : std::find_if(instances().begin(), instances().end(), [&](const Instance& other) {
+                            return other.backend == inst.backend && other.dtype == p.dtype &&
+                                   other.layout == p.weight_layout && other.config == aligned;
+                          });
+    if (it != instances().end()) {
       plan.aligned_instance = &*it;
       plan.aligned_config = aligned;
       plan.workspace_bytes = std::max(plan.workspace_bytes, it->workspace_size(p.num_experts, plan.sm_count));

@@ -85,11 +85,15 @@ def fixed_ceilings(device_name: str) -> Tuple[str, float, float]:
     return "H200", H200_TFLOPS, H200_TBPS
 
 
-def floor_ms(case: dict, counts: torch.Tensor, tflops: float, tbps: float, elem_bytes: int = 2) -> float:
+def case_work(case: dict, counts: torch.Tensor, elem_bytes: int = 2) -> Tuple[float, float]:
+    """(FLOPs, bytes) the floor counts: 2 T K N, and x, the weights of experts with rows, and out."""
     t, k, n = case["T"], case["K"], case["N"]
     active = int((counts > 0).sum())
-    flops = 2.0 * t * k * n
-    bytes_moved = elem_bytes * (t * k + active * k * n + t * n)
+    return 2.0 * t * k * n, float(elem_bytes * (t * k + active * k * n + t * n))
+
+
+def floor_ms(case: dict, counts: torch.Tensor, tflops: float, tbps: float, elem_bytes: int = 2) -> float:
+    flops, bytes_moved = case_work(case, counts, elem_bytes)
     return max(flops / (tflops * 1e12), bytes_moved / (tbps * 1e12)) * 1e3
 
 

@@ -365,6 +365,28 @@ def test_the_device_runs_one_config_per_split(counts, count_dtype):
 
 
 @pytest.mark.parametrize("aligned", [True, False], ids=["aligned", "uneven"])
+def test_the_launch_for_the_other_split_returns_at_once(aligned):
+    # The two tiles may give the same bits, so the outputs alone cannot tell which one computed:
+    # run_moe_gemm launches the aligned config first, then the plan's, and the one whose split it is
+    # not must return at once (a quarter of the other's time at most; it reads 8 counts).
+    from torch.profiler import ProfilerActivity, profile
+    _skip_unless_two_configs()
+    x, w, _ = _aligned_operands(4)
+    counts = [512, 0, 128, 384, 256, 256, 128, 384] if aligned else [300, 212, 0, 400, 256, 256, 100, 524]
+    c = torch.tensor(counts, dtype=torch.int32, device="cuda")
+    moe_gemm(x, w, c)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        moe_gemm(x, w, c)
+        torch.cuda.synchronize()
+    kernels = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+                      and "MoeGemmKernel" in e.name), key=lambda e: e.time_range.start)
+    assert len(kernels) == 2, [e.name for e in kernels]
+    computing, returning = (kernels[0], kernels[1]) if aligned else (kernels[1], kernels[0])
+    assert returning.device_time < 0.25 * computing.device_time, [(e.name, e.device_time) for e in kernels]
+
+
+@pytest.mark.parametrize("aligned", [True, False], ids=["aligned", "uneven"])
 def test_the_device_runs_one_config_per_split_gated(aligned):
     # The same for the fused gated projection with a bias and a row scale (Mixtral's and Llama 4's
     # gate/up, where the split decides): bitwise the forced config's output.

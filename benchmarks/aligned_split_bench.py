@@ -1,7 +1,7 @@
 """The split read on the device: auto (both configs launched, the counts pick one) against each config
 forced, on the sweep's even, 128-aligned, random and skewed splits (benchmarks/sweep.py,
-split_counts) of the shapes where the plan holds two (heuristics.cpp, select_aligned_config: the
-wide tile for few experts with 256+ rows each).
+split_counts) of shapes where the plan holds two (heuristics.cpp, select_aligned_config: the wide
+tile for few experts with 256+ rows each, the pingpong tile for many experts with 65-255 rows each).
 
 Each time is the median over --rounds alternating rounds (do_bench medians, L2 flushed), outputs
 checked bitwise against the config the split should run. The auto / best-forced ratio shows what
@@ -20,16 +20,25 @@ import torch
 
 import cutlass_moe
 from cutlass_moe import bench
+from cutlass_moe.ops import runs_aligned_config
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from sweep import split_counts  # noqa: E402  (the sweep's splits, "aligned" included)
 
 COOPERATIVE = "sm90_cooperative_128x256x64_1x1x1"
-WIDE = "sm90_cooperative_wide_64x512x32_1x1x1"
-# (name, T, E, K, N): Llama 4 Scout's and Mixtral's gate/up projections.
+# (name, T, E, K, N): Llama 4 Scout's and Mixtral's gate/up projections (the wide tile's picks), then
+# projections among many experts (the pingpong tile's), seed000-g128 among them (a public case).
 SHAPES = [("llama4-scout gate/up, 256 rows", 4096, 16, 5120, 16384),
           ("mixtral-8x7b gate/up, 384 rows", 3072, 8, 4096, 28672),
-          ("mixtral-8x7b gate/up, 512 rows", 4096, 8, 4096, 28672)]
+          ("mixtral-8x7b gate/up, 512 rows", 4096, 8, 4096, 28672),
+          ("seed000-g128, 192 rows", 24576, 128, 1024, 1024),
+          ("qwen3-30b gate/up, 192 rows", 24576, 128, 2048, 1536),
+          ("dsv3 down, 128 rows", 32768, 256, 2048, 7168),
+          ("olmoe down, 128 rows", 8192, 64, 1024, 2048)]
+
+
+def label(config: str) -> str:
+    return "coop" if config == COOPERATIVE else "wide" if "wide" in config else "pp"
 
 
 def main() -> None:
@@ -38,25 +47,27 @@ def main() -> None:
     args = parser.parse_args()
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, bf16 (E, K, N); ms, median of "
           f"{args.rounds} alternating rounds")
-    print(f"{'shape':<34}{'split':<9}{'runs':<6}{'auto':>8}{'coop':>8}{'wide':>8}{'auto/best':>10}{'coop/wide':>10}")
+    print(f"{'shape':<34}{'split':<9}{'runs':<6}{'auto':>8}{'coop':>8}{'pick':>8}{'auto/best':>10}{'coop/pick':>10}"
+          "  (pick: the heuristic's config for the shape's other splits)")
     for name, t, e, k, n in SHAPES:
-        assert cutlass_moe.aligned_config(t, e, n, k) == COOPERATIVE, (name, cutlass_moe.select_config(t, e, n, k))
+        pick = cutlass_moe.select_config(t, e, n, k)[1]
+        assert cutlass_moe.aligned_config(t, e, n, k) == COOPERATIVE, (name, pick)
         x = torch.randn(t, k, device="cuda", dtype=torch.bfloat16)
         w = torch.randn(e, k, n, device="cuda", dtype=torch.bfloat16) * k ** -0.5
         for index, split in enumerate(("uniform", "aligned", "random", "skewed")):
             counts = split_counts(e, t, split, seed=index)
             c = counts.to("cuda", torch.int32)
-            runs = COOPERATIVE if all(int(v) % 128 == 0 for v in counts) else WIDE
+            runs = COOPERATIVE if runs_aligned_config(counts) else pick
             y = cutlass_moe.moe_gemm(x, w, c)
             assert torch.equal(y, cutlass_moe.moe_gemm(x, w, c, backend="moe", config=runs)), (name, split)
             times = bench.median_of_rounds({
                 "auto": lambda: cutlass_moe.moe_gemm(x, w, c),
                 "coop": lambda: cutlass_moe.moe_gemm(x, w, c, backend="moe", config=COOPERATIVE),
-                "wide": lambda: cutlass_moe.moe_gemm(x, w, c, backend="moe", config=WIDE)}, args.rounds)
-            best = min(times["coop"], times["wide"])
-            print(f"{name:<34}{split:<9}{'coop' if runs == COOPERATIVE else 'wide':<6}{times['auto']:8.4f}"
-                  f"{times['coop']:8.4f}{times['wide']:8.4f}{times['auto'] / best:10.3f}"
-                  f"{times['coop'] / times['wide']:10.3f}", flush=True)
+                "pick": lambda: cutlass_moe.moe_gemm(x, w, c, backend="moe", config=pick)}, args.rounds)
+            best = min(times["coop"], times["pick"])
+            print(f"{name:<34}{split:<9}{label(runs):<6}{times['auto']:8.4f}"
+                  f"{times['coop']:8.4f}{times['pick']:8.4f}{times['auto'] / best:10.3f}"
+                  f"{times['coop'] / times['pick']:10.3f}", flush=True)
         del x, w
         torch.cuda.empty_cache()
 

@@ -90,13 +90,14 @@ def shapes(models: List[str], rows: List[int], splits: List[str]) -> Iterator[di
 
 def auto_pick(shape: dict, counts: torch.Tensor, device: Optional[int] = None, trans_b: bool = False) -> str:
     """"backend:config" that a config="auto" call runs on these counts: the heuristic's pick, or its
-    aligned config where the plan holds one and every count is a multiple of 128 (read on the device;
-    cutlass_moe.aligned_config)."""
+    aligned config where the plan holds one and the counts are a split of whole 128-row tiles (read on
+    the device; cutlass_moe.aligned_config)."""
     import cutlass_moe
+    from cutlass_moe.ops import runs_aligned_config
     t, e, n, k = shape["T"], shape["E"], shape["N"], shape["K"]
     backend, config = cutlass_moe.select_config(t, e, n, k, device=device, trans_b=trans_b)
     aligned = cutlass_moe.aligned_config(t, e, n, k, device=device, trans_b=trans_b)
-    if aligned is not None and bool((counts % 128 == 0).all()):
+    if aligned is not None and runs_aligned_config(counts):
         config = aligned
     return f"{backend}:{config}"
 
@@ -132,12 +133,12 @@ DEFAULT_CONFIGS = ("moe:sm90_pingpong_64x256x64_1x1x1", "moe:sm90_cooperative_12
 
 def judge(rows: List[dict], configs, device: int = -1, trans_b: bool = False) -> List[dict]:
     """The rows with the installed heuristic's pick (auto_pick on `device`, on each row's counts
-    drawn again as the sweep drew them; -1, the default, takes the H200's rule and needs no GPU) and
+    drawn again as the sweep drew them, from its "seed" or, in older tables, its index; -1, the default, takes the H200's rule and needs no GPU) and
     its time, and only the given configs' times: a stored table judged again after the heuristic
     changed."""
     judged = []
     for i, r in enumerate(rows):
-        pick = auto_pick(r, split_counts(r["E"], r["T"], r["split"], seed=i), device, trans_b)
+        pick = auto_pick(r, split_counts(r["E"], r["T"], r["split"], seed=r.get("seed", i)), device, trans_b)
         times = {c: t for c, t in r["times"].items() if c in configs}
         judged.append({**r, "times": times, "heuristic": pick, "heuristic_ms": times.get(pick)})
     return judged
@@ -203,7 +204,7 @@ def main() -> int:
             times = tuning.time_configs(x, w, counts.cuda(), args.trans_b, pairs, args.warmup_ms, args.rep_ms,
                                         args.rounds)
             heuristic = auto_pick(shape, counts, trans_b=args.trans_b)
-            row = {**shape, "floor_us": floor_us(shape, counts), "times": times, "heuristic": heuristic,
+            row = {**shape, "seed": i, "floor_us": floor_us(shape, counts), "times": times, "heuristic": heuristic,
                    "heuristic_ms": times.get(heuristic)}
             rows.append(row)
             best = min(times, key=times.get) if times else "-"

@@ -131,24 +131,36 @@ KernelConfig select_config(const MoeGemmProblem& problem, Backend backend, int d
   return KernelConfig::kSm90Pingpong_64x256x64_1x1x1;
 }
 
-// Where the wide tile is picked for few experts (< 32) with 256 or more rows each, the cooperative
-// tile pads nothing on a split whose counts are all multiples of its 128 rows, and reads each weight
-// tile half as often: 1-6% faster there on an even split (Mixtral's and Llama 4 Scout's gate/up at
-// 256, 384 and 512 rows per expert; benchmarks/sweep_h200.json), and up to 10% slower on random and
-// skewed splits of the same averages. Only the counts tell the two apart, so the plan holds both and
-// the device picks (MoeGemmPlan::aligned_instance). T must be a multiple of 128 for every count to be
-// one: elsewhere nothing is gained, and the plan keeps one launch. Below 256 rows (an even 128) the
-// cooperative tile is no faster (benchmarks/NOTES.md, "The split read on the device").
+// The cooperative 128x256 tile, held by the plan beside the pick (MoeGemmPlan::aligned_instance)
+// and run by the device instead on a split of whole 128-row tiles (SplitGate: every count a multiple
+// of 128, some expert holding two tiles or more: an even split of 256, 384, ... rows, or a layout
+// that pads each expert to such tiles). Only the counts tell such splits from others of the same
+// T / E, so the plan holds both and the device picks. Two places (benchmarks/sweep_h200.json and
+// sweep_h200_aligned.json, both layouts; benchmarks/NOTES.md, "The split read on the device"):
+// - the wide tile's picks for few experts (< 32) with 256 or more rows each (Mixtral's and Llama 4
+//   Scout's gate/up projections): 1-6% faster on splits of whole tiles, where the cooperative tile
+//   pads nothing and reads each weight tile half as often; up to 10% slower on random and skewed
+//   splits of the same averages;
+// - the pingpong tile's picks for 32 or more experts with 65-255 rows each on fast DRAM (DeepSeek-V3's
+//   down projection, Qwen3's, OLMoE's, DeepSeek-V2-Lite's, Qwen1.5-MoE's at prefill): 3.5-6% faster
+//   in geomean on random splits of whole tiles at 96, 128 and 192 rows per expert (40 shapes per
+//   layout), while an even split of one tile per expert keeps the pingpong tile, 1-3% faster there.
+//   Few experts' pingpong picks (Mixtral's and Llama 4 Scout's down projections) gain nothing
+//   consistent (0.89-1.25), nor do 64 rows per expert.
+// T must be a multiple of 128 for the counts to be whole tiles: elsewhere the plan keeps one launch.
 KernelConfig select_aligned_config(const MoeGemmProblem& problem, KernelConfig picked, int device) {
-  if (picked != KernelConfig::kSm90CooperativeWide_64x512x32_1x1x1 || has_interleaved_groups(problem)) {
+  if (has_interleaved_groups(problem) || problem.num_tokens % kAlignedSplitRows != 0 ||
+      (device >= 0 && device_facts(device).cc / 10 != 9)) {
     return KernelConfig::kAuto;
   }
   const int64_t experts = problem.num_experts > 0 ? problem.num_experts : 1;
-  if (problem.num_experts >= 32 || problem.num_tokens / experts < 256 ||
-      problem.num_tokens % kAlignedSplitRows != 0 || (device >= 0 && device_facts(device).cc / 10 != 9)) {
-    return KernelConfig::kAuto;
-  }
-  return KernelConfig::kSm90Cooperative_128x256x64_1x1x1;
+  const int64_t rows_per_expert = problem.num_tokens / experts;
+  const bool fast_dram = device < 0 || device_facts(device).dram_tbps >= 4.0;
+  const bool wide_few = picked == KernelConfig::kSm90CooperativeWide_64x512x32_1x1x1 &&
+                        problem.num_experts < 32 && rows_per_expert >= 256;
+  const bool pingpong_many = picked == KernelConfig::kSm90Pingpong_64x256x64_1x1x1 && fast_dram &&
+                             problem.num_experts >= 32 && rows_per_expert > 64 && rows_per_expert < 256;
+  return wide_few || pingpong_many ? KernelConfig::kSm90Cooperative_128x256x64_1x1x1 : KernelConfig::kAuto;
 }
 
 // The MoE kernel everywhere but when accumulating: it adds with TMA reduce-add, 1.3-1.4x slower than

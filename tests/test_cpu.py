@@ -290,9 +290,10 @@ def test_moe_heuristic_takes_128_row_tiles_with_deep_k_among_many_experts_or_tho
     assert cutlass_moe.select_config(t, e, n, k, backend="moe", device=-1) == ("moe", expect)
 
 
-# Where the wide tile is picked for fewer than 32 experts with 256 or more rows each, a call also
-# launches the cooperative tile, which the device runs instead on splits of whole 128-row tiles
-# (heuristics.cpp, select_aligned_config): T must be a multiple of 128.
+# Where the wide tile is picked for fewer than 32 experts with 256 or more rows each, or the pingpong
+# tile for 32 or more experts with 65-255 rows each, a call also launches the cooperative tile, which
+# the device runs instead on splits of whole 128-row tiles (heuristics.cpp, select_aligned_config):
+# T must be a multiple of 128.
 @pytest.mark.parametrize("t,e,n,k,trans_b,expect", [
     (4096, 16, 16384, 5120, False, "sm90_cooperative_128x256x64_1x1x1"),  # seed001-llama4: 256 rows
     (3072, 8, 28672, 4096, False, "sm90_cooperative_128x256x64_1x1x1"),   # Mixtral gate/up: 384 rows
@@ -301,12 +302,29 @@ def test_moe_heuristic_takes_128_row_tiles_with_deep_k_among_many_experts_or_tho
     (4096, 16, 16384, 5120, True, None),                                  # (E, N, K): no wide tile
     (32768, 256, 4096, 7168, False, None),                                # dsv3-prefill: many experts
     (8192, 8, 28672, 4096, False, None),                                  # mixtral-prefill: cooperative
+    (32768, 256, 7168, 2048, False, "sm90_cooperative_128x256x64_1x1x1"), # dsv3 down, 128 rows: pingpong
+    (24576, 128, 1536, 2048, True, "sm90_cooperative_128x256x64_1x1x1"),  # qwen3 gate/up, 192 rows, (E, N, K)
+    (6144, 64, 2048, 1024, False, "sm90_cooperative_128x256x64_1x1x1"),   # olmoe down, 96 rows
+    (4096, 64, 2048, 1024, False, None),                                  # 64 rows: no consistent gain
+    (24576 + 64, 128, 1536, 2048, False, None),                           # T not a multiple of 128
+    (1024, 8, 4096, 14336, False, None),                                  # Mixtral down, 128 rows: few experts
+    (32768, 128, 1536, 2048, False, None),                                # qwen3-30b-prefill: cooperative
 ])
 def test_a_second_config_for_splits_of_whole_tiles(t, e, n, k, trans_b, expect):
     assert cutlass_moe.aligned_config(t, e, n, k, device=-1, trans_b=trans_b) == expect
     assert cutlass_moe.aligned_config(t, e, n, k, backend="grouped", device=-1, trans_b=trans_b) is None
     with pytest.raises(ValueError, match="backend"):
         cutlass_moe.aligned_config(t, e, n, k, backend="bogus")
+
+
+def test_which_splits_run_the_aligned_config():
+    # The kernel's SplitGate: every count a multiple of 128 and some expert holding two tiles or more.
+    from cutlass_moe.ops import runs_aligned_config
+    assert runs_aligned_config([256] * 8) and runs_aligned_config(torch.tensor([0, 128, 384, 0]))
+    assert not runs_aligned_config([128] * 8)             # one tile per expert: the plan's pick
+    assert not runs_aligned_config([256, 250, 262, 256])  # a count off
+    assert not runs_aligned_config([0, 0, 0, 0])
+    assert runs_aligned_config(torch.tensor([-128, 4096, 0], dtype=torch.int32))  # hostile, as the device reads them
 
 
 def test_heuristic_sees_the_weights_layout_and_the_dtype():

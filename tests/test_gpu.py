@@ -6,6 +6,7 @@ import torch
 
 import cutlass_moe
 from cutlass_moe import moe_gemm, moe_gemm_reference
+from cutlass_moe.ops import runs_aligned_config
 from cutlass_moe.reference import assert_close_per_expert
 
 from conftest import (backend_param, is_built, random_counts, requires_cuda, requires_kernels, runs_here,
@@ -22,6 +23,7 @@ BACKENDS = ["grouped", "moe", "sm80_grouped", "sm80_moe"]  # the sm80 families r
 # MoE configs: the 64x256 pingpong, 128x256 cooperative and 64x512 wide cooperative tiles.
 COOPERATIVE = "sm90_cooperative_128x256x64_1x1x1"
 WIDE = "sm90_cooperative_wide_64x512x32_1x1x1"  # MoE family: both consumers on the same 64 rows
+PINGPONG = "sm90_pingpong_64x256x64_1x1x1"
 KERNELS = [("grouped", SMALL_M), ("grouped", LARGE_M), ("moe", SMALL_M), ("moe", COOPERATIVE), ("moe", WIDE),
            ("sm80_grouped", SM80_SMALL_M), ("sm80_grouped", SM80_LARGE_M),
            ("sm80_moe", SM80_SMALL_M), ("sm80_moe", SM80_LARGE_M)]
@@ -343,7 +345,8 @@ def test_plans_with_a_config_for_aligned_splits():
     [256, 256, 256, 256, 256, 256, 256, 0],     # whole tiles, a tail no expert owns: cooperative
     [-128, 4096, 256, 0, 0, 0, 0, 0],           # hostile (clamped alike), multiples of 128: cooperative
     [-1, 4096, 256, 0, 0, 0, 0, 0],             # hostile, not multiples: the wide tile
-], ids=["even", "aligned", "one_off", "tail", "hostile_aligned", "hostile"])
+    [128] * 8,                                  # one tile per expert (a tail no expert owns): the wide tile
+], ids=["even", "aligned", "one_off", "tail", "hostile_aligned", "hostile", "one_tile_each"])
 @pytest.mark.parametrize("count_dtype", [torch.int32, torch.int64])
 def test_the_device_runs_one_config_per_split(counts, count_dtype):
     # Auto launches both configs; exactly one computes, and its output is that config's bit for bit,
@@ -351,7 +354,7 @@ def test_the_device_runs_one_config_per_split(counts, count_dtype):
     _skip_unless_two_configs()
     x, w, _ = _aligned_operands(0)
     c = torch.tensor(counts, dtype=count_dtype, device="cuda")
-    aligned = all(v % 128 == 0 for v in counts)
+    aligned = runs_aligned_config(counts)
     y = moe_gemm(x, w, c)
     expect = moe_gemm(x, w, c, backend="moe", config=COOPERATIVE if aligned else WIDE)
     assert torch.equal(y, expect)
@@ -402,6 +405,42 @@ def test_the_device_runs_one_config_per_split_gated(aligned):
     assert torch.equal(y, expect)
     other = cutlass_moe.moe_gemm_gated(x, w, c, backend="moe", config=WIDE if aligned else COOPERATIVE, **kwargs)
     torch.testing.assert_close(y, other, rtol=2e-2, atol=2e-2)  # the other tile agrees within rounding
+
+
+# Many experts (>= 32) with 65-255 rows each, where the H200 picks the pingpong tile: the plan also
+# holds the cooperative tile, run on splits of whole 128-row tiles where some expert holds two or
+# more (select_aligned_config). OLMoE's down projection at 128 rows per expert.
+MANY_T, MANY_E, MANY_N, MANY_K = 8192, 64, 2048, 1024
+
+
+@pytest.mark.parametrize("split", ["even_one_tile", "aligned", "random"])
+@pytest.mark.parametrize("trans_b", [False, True], ids=["kn", "nk"])
+def test_many_experts_run_the_cooperative_tile_on_splits_of_whole_tiles(split, trans_b):
+    layout = "nk" if trans_b else "kn"
+    skip_unless_built("moe", torch.bfloat16, layout, COOPERATIVE)
+    skip_unless_built("moe", torch.bfloat16, layout, PINGPONG)
+    plan_config = cutlass_moe.select_config(MANY_T, MANY_E, MANY_N, MANY_K, backend="moe", trans_b=trans_b)[1]
+    aligned = cutlass_moe.aligned_config(MANY_T, MANY_E, MANY_N, MANY_K, trans_b=trans_b)
+    if (plan_config, aligned) != (PINGPONG, COOPERATIVE):
+        pytest.skip(f"this GPU plans {plan_config} with {aligned} here (its DRAM: heuristics.cpp)")
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    x = torch.randn(MANY_T, MANY_K, device="cuda", dtype=torch.bfloat16, generator=gen)
+    w = torch.randn(MANY_E, *((MANY_N, MANY_K) if trans_b else (MANY_K, MANY_N)), device="cuda",
+                    dtype=torch.bfloat16, generator=gen)
+    if split == "aligned":  # whole tiles, a quarter of the experts empty: as a padded layout makes them
+        counts = torch.tensor([0, 128, 256, 128] * (MANY_E // 4), dtype=torch.int64)
+    else:
+        counts = random_counts(MANY_E, MANY_T, torch.Generator().manual_seed(2),
+                               "uniform" if split == "even_one_tile" else "random")
+    assert int(counts.sum()) == MANY_T
+    c = counts.to("cuda", torch.int32)
+    assert runs_aligned_config(counts) == (split == "aligned")
+    y = moe_gemm(x, w, c, trans_b=trans_b)
+    runs = COOPERATIVE if split == "aligned" else PINGPONG
+    assert torch.equal(y, moe_gemm(x, w, c, trans_b=trans_b, backend="moe", config=runs))
+    assert_close_per_expert(y, x, w, counts, trans_b=trans_b)
+    names = _kernel_launches(lambda: moe_gemm(x, w, c, trans_b=trans_b))
+    assert len(names) == 2 and all("MoeGemmKernel" in n for n in names), names
 
 
 def test_a_graph_replays_the_config_of_each_split():

@@ -297,16 +297,20 @@ class MoeGemmKernel {
  private:
   using Fused = FusedEpilogue<Element>;
 
-  // Whether every expert's count is a multiple of kAlignedSplitRows, read by the whole CTA (the
-  // counts of a plan's two launches, SplitGate): a thread per expert.
+  // Whether the counts are a split of whole kAlignedSplitRows tiles (SplitGate: every count a
+  // multiple of them, some expert holding two or more), read by the whole CTA for a plan's two
+  // launches: a thread per expert.
   CUTLASS_DEVICE static bool counts_aligned(typename Scheduler::Params const& s) {
-    bool aligned = true;
+    bool aligned = true, multi_tile = false;
     for (int e = threadIdx.x; e < s.num_experts; e += blockDim.x) {
       const int64_t count = s.counts_are_int64 ? static_cast<const int64_t*>(s.tokens_per_expert)[e]
                                                : static_cast<const int32_t*>(s.tokens_per_expert)[e];
       aligned = aligned && count % kAlignedSplitRows == 0;
+      multi_tile = multi_tile || count >= 2 * kAlignedSplitRows;
     }
-    return __syncthreads_and(aligned) != 0;
+    // Both barriers are reached by every thread (no early exit between them).
+    const bool all_aligned = __syncthreads_and(aligned) != 0;
+    return __syncthreads_or(multi_tile) != 0 && all_aligned;
   }
 
   // After a consumer's last tile: its share of the unowned rows (both consumers of every CTA split

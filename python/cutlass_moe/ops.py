@@ -120,6 +120,17 @@ def _on_device(device: int, fn, *args) -> None:
             fn(*args)
 
 
+ALIGNED_SPLIT_ROWS = 128  # kAlignedSplitRows: the cooperative tile's rows
+
+
+def runs_aligned_config(tokens_per_expert) -> bool:
+    """Whether a call whose plan holds an :func:`aligned_config` runs it on these counts (the kernel's
+    SplitGate, read on the device): every count a multiple of 128 and some expert holding 256 rows or
+    more. For the benchmarks' and tests' bookkeeping; calls never need it."""
+    counts = torch.as_tensor(tokens_per_expert)
+    return bool((counts % ALIGNED_SPLIT_ROWS == 0).all()) and bool((counts >= 2 * ALIGNED_SPLIT_ROWS).any())
+
+
 def _select(num_tokens, num_experts, n, k, backend, device, trans_b, dtype) -> Tuple[int, int, int]:
     """The core's (backend, config, aligned config) values for select_config and aligned_config,
     their arguments checked; device None: the current CUDA device, or an sm90 one where there is none."""
@@ -144,9 +155,8 @@ def select_config(num_tokens: int, num_experts: int, n: int, k: int, backend: st
     "auto"). This is the heuristic's preference: where the build lacks that config (the default
     build has only the grouped family's 1x2-cluster tile), a call runs the family's first built one.
 
-    Where the MoE family's pick is the wide tile for few experts with 256 or more rows each, a call
-    also launches the cooperative tile, and the device runs it instead when every count is a multiple
-    of 128 (see :func:`aligned_config`)."""
+    Where :func:`aligned_config` names a second config, a call also launches it, and the device runs
+    it instead on splits of whole 128-row tiles."""
     b, c, _ = _select(num_tokens, num_experts, n, k, backend, device, trans_b, dtype)
     return _BACKEND_NAMES[b], _CONFIG_NAMES[c]
 
@@ -154,14 +164,19 @@ def select_config(num_tokens: int, num_experts: int, n: int, k: int, backend: st
 def aligned_config(num_tokens: int, num_experts: int, n: int, k: int, backend: str = "auto",
                    device: Optional[int] = None, *, trans_b: bool = False,
                    dtype: torch.dtype = torch.bfloat16) -> Optional[str]:
-    """The config a ``config="auto"`` call runs instead of :func:`select_config`'s where every count
-    of tokens_per_expert is a multiple of 128 rows (an even split of such rows, or a layout that pads
-    each expert to them), or None where the pick holds for every split. Where there is one, each call
-    launches both configs, and each reads the counts on the device and returns at once unless they are
-    its kind of split: no host synchronization, and a CUDA graph replays either with new counts.
-    Today: the cooperative 128x256 tile where the heuristic takes the wide tile for fewer than 32
-    experts with 256 or more rows each (Mixtral's and Llama 4 Scout's gate/up projections): on
-    splits of whole 128-row tiles 2-6% faster than the wide tile, on others up to 10% slower."""
+    """The config a ``config="auto"`` call runs instead of :func:`select_config`'s on a split of whole
+    128-row tiles (every count of tokens_per_expert a multiple of 128 and some expert holding two tiles
+    or more: an even split of 256, 384, ... rows, or a layout that pads each expert to such tiles), or
+    None where the pick holds for every split. Where there is one, each call launches both configs,
+    and each reads the counts on the device and returns at once unless they are its kind of split: no
+    host synchronization, and a CUDA graph replays either with new counts.
+    Today the cooperative 128x256 tile, in two places (H200, bf16, both layouts):
+    - where the heuristic takes the wide tile for fewer than 32 experts with 256 or more rows each
+      (Mixtral's and Llama 4 Scout's gate/up projections): 1-6% faster than the wide tile on splits
+      of whole tiles, up to 10% slower on others;
+    - where it takes the pingpong tile for 32 or more experts with 65-255 rows each (the down
+      projections of DeepSeek-V3 and Qwen3, among others, at prefill): 3.5-6% faster in geomean on
+      splits of whole tiles; an even split of one tile per expert keeps the pingpong tile."""
     _, _, a = _select(num_tokens, num_experts, n, k, backend, device, trans_b, dtype)
     return None if a == _CONFIGS["auto"] else _CONFIG_NAMES[a]
 

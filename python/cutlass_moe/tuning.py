@@ -165,11 +165,12 @@ def tune(problems: Iterable[Problem], *, dtype: torch.dtype = torch.bfloat16, tr
         One dict per problem: the shape, ``backend`` and ``config`` chosen with their ``ms``, the
         heuristic's choice and its ``heuristic_ms``, every config's time in ``times``, and whether
         the choice was ``remembered``. Configs whose result differs from the heuristic's (beyond
-        bf16 rounding) are left out. A choice that is the shape's :func:`cutlass_moe.aligned_config`
-        is not remembered: the even split timed here is one of whole 128-row tiles, where auto
-        already runs that config, and auto keeps the heuristic's for the shape's other splits.
+        bf16 rounding) are left out. Where the even split timed here is one of whole 128-row tiles
+        (256, 384, ... rows per expert), a choice that is the shape's :func:`cutlass_moe.aligned_config`
+        is not remembered: auto already runs that config on such splits, and keeps the heuristic's
+        for the shape's other splits.
     """
-    from .ops import _RESOLVED, aligned_config, select_config
+    from .ops import _RESOLVED, aligned_config, runs_aligned_config, select_config
 
     if not torch.cuda.is_available():
         raise RuntimeError("tune: needs a CUDA GPU (default calls never measure; they take select_config's choice)")
@@ -199,7 +200,8 @@ def tune(problems: Iterable[Problem], *, dtype: torch.dtype = torch.bfloat16, tr
             entry = {"backend": best.split(":")[0], "config": best.split(":")[1], "ms": times[best],
                      "heuristic": heuristic, "heuristic_ms": times.get(heuristic)}
             aligned = aligned_config(num_tokens, num_experts, n, k, device=device, trans_b=trans_b, dtype=dtype)
-            remembered = not (aligned is not None and best == f"{heuristic.split(':')[0]}:{aligned}")
+            remembered = not (aligned is not None and runs_aligned_config(counts.cpu()) and
+                              best == f"{heuristic.split(':')[0]}:{aligned}")
             key = _key(dtype_name, layout, num_tokens, num_experts, n, k)
             if remembered:
                 new[key] = entry

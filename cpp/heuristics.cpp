@@ -141,10 +141,13 @@ KernelConfig select_config(const MoeGemmProblem& problem, Backend backend, int d
 //   Scout's gate/up projections): 1-6% faster on splits of whole tiles, where the cooperative tile
 //   pads nothing and reads each weight tile half as often; up to 10% slower on random and skewed
 //   splits of the same averages;
-// - the pingpong tile's picks for 32 or more experts with 65-255 rows each on fast DRAM (DeepSeek-V3's
-//   down projection, Qwen3's, OLMoE's, DeepSeek-V2-Lite's, Qwen1.5-MoE's at prefill): 3.5-6% faster
-//   in geomean on random splits of whole tiles at 96, 128 and 192 rows per expert (40 shapes per
-//   layout), while an even split of one tile per expert keeps the pingpong tile, 1-3% faster there.
+// - the pingpong tile's picks for 32 or more experts with 65-255 rows each on fast DRAM, where the
+//   call multiplies 2^37 or more MACs (DeepSeek-V3's down projection at prefill, Qwen3-235B's):
+//   4-8% faster on random splits of whole tiles at 96, 128 and 192 rows per expert, both layouts,
+//   while an even split of one tile per expert keeps the pingpong tile, 1-3% faster there.
+//   The launch that returns at once costs 3-8 us whatever the shape, so smaller calls, whose gain is
+//   of that size (OLMoE's, Qwen3-30B's, DeepSeek-V2-Lite's projections: 1-25 us), keep one launch;
+//   above 2^37 MACs (about 0.4 ms) it is under 1% of a call on other splits.
 //   Few experts' pingpong picks (Mixtral's and Llama 4 Scout's down projections) gain nothing
 //   consistent (0.89-1.25), nor do 64 rows per expert.
 // T must be a multiple of 128 for the counts to be whole tiles: elsewhere the plan keeps one launch.
@@ -158,8 +161,10 @@ KernelConfig select_aligned_config(const MoeGemmProblem& problem, KernelConfig p
   const bool fast_dram = device < 0 || device_facts(device).dram_tbps >= 4.0;
   const bool wide_few = picked == KernelConfig::kSm90CooperativeWide_64x512x32_1x1x1 &&
                         problem.num_experts < 32 && rows_per_expert >= 256;
+  const double macs = static_cast<double>(problem.num_tokens) * problem.n * problem.k;
   const bool pingpong_many = picked == KernelConfig::kSm90Pingpong_64x256x64_1x1x1 && fast_dram &&
-                             problem.num_experts >= 32 && rows_per_expert > 64 && rows_per_expert < 256;
+                             problem.num_experts >= 32 && rows_per_expert > 64 && rows_per_expert < 256 &&
+                             macs >= 0x1p37;
   return wide_few || pingpong_many ? KernelConfig::kSm90Cooperative_128x256x64_1x1x1 : KernelConfig::kAuto;
 }
 

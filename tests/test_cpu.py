@@ -291,7 +291,8 @@ def test_moe_heuristic_takes_128_row_tiles_with_deep_k_among_many_experts_or_tho
 
 
 # Where the wide tile is picked for fewer than 32 experts with 256 or more rows each, or the pingpong
-# tile for 32 or more experts with 65-255 rows each, a call also launches the cooperative tile, which
+# tile for 32 or more experts with 65-255 rows each in calls of 2^37 MACs or more, a call also
+# launches the cooperative tile, which
 # the device runs instead on splits of whole 128-row tiles (heuristics.cpp, select_aligned_config):
 # T must be a multiple of 128.
 @pytest.mark.parametrize("t,e,n,k,trans_b,expect", [
@@ -303,11 +304,13 @@ def test_moe_heuristic_takes_128_row_tiles_with_deep_k_among_many_experts_or_tho
     (32768, 256, 4096, 7168, False, None),                                # dsv3-prefill: many experts
     (8192, 8, 28672, 4096, False, None),                                  # mixtral-prefill: cooperative
     (32768, 256, 7168, 2048, False, "sm90_cooperative_128x256x64_1x1x1"), # dsv3 down, 128 rows: pingpong
-    (24576, 128, 1536, 2048, True, "sm90_cooperative_128x256x64_1x1x1"),  # qwen3 gate/up, 192 rows, (E, N, K)
-    (6144, 64, 2048, 1024, False, "sm90_cooperative_128x256x64_1x1x1"),   # olmoe down, 96 rows
-    (4096, 64, 2048, 1024, False, None),                                  # 64 rows: no consistent gain
-    (24576 + 64, 128, 1536, 2048, False, None),                           # T not a multiple of 128
-    (1024, 8, 4096, 14336, False, None),                                  # Mixtral down, 128 rows: few experts
+    (24576, 256, 7168, 2048, True, "sm90_cooperative_128x256x64_1x1x1"),  # dsv3 down, 96 rows, (E, N, K)
+    (24576, 128, 4096, 1536, False, "sm90_cooperative_128x256x64_1x1x1"), # qwen3-235b down, 192 rows
+    (16384, 256, 7168, 2048, False, None),                                # 64 rows: no consistent gain
+    (32768 + 64, 256, 7168, 2048, False, None),                           # T not a multiple of 128
+    (24576, 128, 1536, 2048, False, None),                                # qwen3-30b gate/up: under 2^37 MACs
+    (8192, 64, 2048, 1024, False, None),                                  # olmoe down: under 2^37 MACs
+    (2048, 8, 4096, 14336, False, None),                                  # Mixtral down, 256 rows: few experts
     (32768, 128, 1536, 2048, False, None),                                # qwen3-30b-prefill: cooperative
 ])
 def test_a_second_config_for_splits_of_whole_tiles(t, e, n, k, trans_b, expect):

@@ -144,7 +144,8 @@ KernelConfig select_config(const MoeGemmProblem& problem, Backend backend, int d
 // - the pingpong tile's picks for 32 or more experts with 65-255 rows each on fast DRAM, where the
 //   call multiplies 2^37 or more MACs (DeepSeek-V3's down projection at prefill, Qwen3-235B's):
 //   4-8% faster on random splits of whole tiles at 96, 128 and 192 rows per expert, both layouts,
-//   while an even split of one tile per expert keeps the pingpong tile, 1-3% faster there.
+//   while an even split of one tile per expert keeps the pingpong tile, 1-3% faster there in
+//   geomean.
 //   The launch that returns at once costs 3-8 us whatever the shape, so smaller calls, whose gain is
 //   of that size (OLMoE's, Qwen3-30B's, DeepSeek-V2-Lite's projections: 1-25 us), keep one launch;
 //   above 2^37 MACs (about 0.4 ms) it is under 1% of a call on other splits.

@@ -300,7 +300,9 @@ def test_moe_heuristic_takes_128_row_tiles_with_deep_k_among_many_experts_or_tho
     (3072, 8, 28672, 4096, False, "sm90_cooperative_128x256x64_1x1x1"),   # Mixtral gate/up: 384 rows
     (3072 + 64, 8, 28672, 4096, False, None),                             # T not a multiple of 128
     (1024, 8, 28672, 4096, False, None),                                  # 128 rows: no faster there
-    (4096, 16, 16384, 5120, True, None),                                  # (E, N, K): no wide tile
+    (4096, 16, 16384, 5120, True, "sm90_cooperative_128x256x64_1x1x1"),   # (E, N, K): the pingpong tile's pick
+    (3072, 8, 28672, 4096, True, "sm90_cooperative_128x256x64_1x1x1"),    # the same, Mixtral gate/up at 384 rows
+    (2048, 16, 16384, 5120, True, None),                                  # (E, N, K) at 128 rows
     (32768, 256, 4096, 7168, False, None),                                # dsv3-prefill: many experts
     (8192, 8, 28672, 4096, False, None),                                  # mixtral-prefill: cooperative
     (32768, 256, 7168, 2048, False, "sm90_cooperative_128x256x64_1x1x1"), # dsv3 down, 128 rows: pingpong
@@ -331,10 +333,16 @@ def test_which_splits_run_the_aligned_config():
 
 
 def test_heuristic_sees_the_weights_layout_and_the_dtype():
-    # The wide tile is built for (E, K, N) weights only: with trans_b the pingpong tile keeps its place.
+    # The wide tile is built for (E, K, N) weights only: with trans_b the pingpong tile keeps its place,
+    # up to 511 rows per expert (the cooperative tile from 512; sweep_h200_nk.json).
     assert cutlass_moe.select_config(4096, 16, 16384, 5120, device=-1) == ("moe", WIDE_TILE)
     assert cutlass_moe.select_config(4096, 16, 16384, 5120, device=-1, trans_b=True) == (
         "moe", "sm90_pingpong_64x256x64_1x1x1")
+    assert cutlass_moe.select_config(4096, 8, 28672, 4096, device=-1) == ("moe", WIDE_TILE)
+    assert cutlass_moe.select_config(4096, 8, 28672, 4096, device=-1, trans_b=True) == (
+        "moe", "sm90_cooperative_128x256x64_1x1x1")
+    assert cutlass_moe.select_config(4096, 8, 4096, 14336, device=-1, trans_b=True) == (
+        "moe", "sm90_pingpong_64x256x64_1x1x1")  # Mixtral's down projection: N < 16384
     # The cooperative tile defers its stores in bf16 only: fp16 at 256 rows per expert with K < 2560
     # keeps the pingpong tile (qwen3-30b-prefill's shape).
     assert cutlass_moe.select_config(32768, 128, 1536, 2048, device=-1) == ("moe", "sm90_cooperative_128x256x64_1x1x1")

@@ -9,7 +9,8 @@ checked bitwise against the config the split should run. The auto / best-forced 
 the second launch costs where it returns at once (on uneven splits) and what the cooperative tile
 gains on splits of whole 128-row tiles.
 
-To run (on the GPU machine, from outside the source tree): python3 aligned_split_bench.py [--rounds 5]
+To run (on the GPU machine, from outside the source tree):
+  python3 aligned_split_bench.py [--rounds 5] [--shapes dsv3,llama4] [--trans-b]
 """
 from __future__ import annotations
 
@@ -45,8 +46,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--shapes", default="", help="comma-separated substrings of the shapes' names to run")
+    parser.add_argument("--trans-b", action="store_true", help="weights stored (E, N, K) (moe_gemm's trans_b)")
     args = parser.parse_args()
-    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, bf16 (E, K, N); ms, median of "
+    layout = "(E, N, K)" if args.trans_b else "(E, K, N)"
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, bf16 {layout}; ms, median of "
           f"{args.rounds} alternating rounds")
     print(f"{'shape':<34}{'split':<9}{'runs':<6}{'auto':>8}{'coop':>8}{'pick':>8}{'auto/best':>10}{'coop/pick':>10}"
           "  (pick: the heuristic's config for the shape's other splits)")
@@ -54,20 +57,24 @@ def main() -> None:
     for name, t, e, k, n in SHAPES:
         if wanted and not any(w in name for w in wanted):
             continue
-        pick = cutlass_moe.select_config(t, e, n, k)[1]
-        assert cutlass_moe.aligned_config(t, e, n, k) == COOPERATIVE, (name, pick)
+        tb = args.trans_b
+        pick = cutlass_moe.select_config(t, e, n, k, trans_b=tb)[1]
+        if cutlass_moe.aligned_config(t, e, n, k, trans_b=tb) != COOPERATIVE:
+            print(f"{name:<34}plans {pick} alone: skipped", flush=True)
+            continue
         x = torch.randn(t, k, device="cuda", dtype=torch.bfloat16)
-        w = torch.randn(e, k, n, device="cuda", dtype=torch.bfloat16) * k ** -0.5
+        w = torch.randn(e, *((n, k) if tb else (k, n)), device="cuda", dtype=torch.bfloat16) * k ** -0.5
         for index, split in enumerate(("uniform", "aligned", "random", "skewed")):
             counts = split_counts(e, t, split, seed=index)
             c = counts.to("cuda", torch.int32)
             runs = COOPERATIVE if runs_aligned_config(counts) else pick
-            y = cutlass_moe.moe_gemm(x, w, c)
-            assert torch.equal(y, cutlass_moe.moe_gemm(x, w, c, backend="moe", config=runs)), (name, split)
+            y = cutlass_moe.moe_gemm(x, w, c, trans_b=tb)
+            assert torch.equal(y, cutlass_moe.moe_gemm(x, w, c, trans_b=tb, backend="moe", config=runs)), (name, split)
             times = bench.median_of_rounds({
-                "auto": lambda: cutlass_moe.moe_gemm(x, w, c),
-                "coop": lambda: cutlass_moe.moe_gemm(x, w, c, backend="moe", config=COOPERATIVE),
-                "pick": lambda: cutlass_moe.moe_gemm(x, w, c, backend="moe", config=pick)}, args.rounds)
+                "auto": lambda: cutlass_moe.moe_gemm(x, w, c, trans_b=tb),
+                "coop": lambda: cutlass_moe.moe_gemm(x, w, c, trans_b=tb, backend="moe", config=COOPERATIVE),
+                "pick": lambda: cutlass_moe.moe_gemm(x, w, c, trans_b=tb, backend="moe", config=pick)},
+                args.rounds)
             best = min(times["coop"], times["pick"])
             print(f"{name:<34}{split:<9}{label(runs):<6}{times['auto']:8.4f}"
                   f"{times['coop']:8.4f}{times['pick']:8.4f}{times['auto'] / best:10.3f}"

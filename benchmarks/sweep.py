@@ -132,10 +132,10 @@ DEFAULT_CONFIGS = ("moe:sm90_pingpong_64x256x64_1x1x1", "moe:sm90_cooperative_12
 
 
 def judge(rows: List[dict], configs, device: int = -1, trans_b: bool = False) -> List[dict]:
-    """The rows with the installed heuristic's pick (auto_pick on `device`, on each row's counts
-    drawn again as the sweep drew them, from its "seed" or, in older tables, its index; -1, the default, takes the H200's rule and needs no GPU) and
-    its time, and only the given configs' times: a stored table judged again after the heuristic
-    changed."""
+    """The rows with the installed heuristic's pick and its time, and only the given configs' times:
+    a stored table judged again after the heuristic changed. The pick is auto_pick's on `device`
+    (-1, the default, takes the H200's rule and needs no GPU), on each row's counts drawn again as
+    the sweep drew them (from the row's "seed", or in older tables its index)."""
     judged = []
     for i, r in enumerate(rows):
         pick = auto_pick(r, split_counts(r["E"], r["T"], r["split"], seed=r.get("seed", i)), device, trans_b)

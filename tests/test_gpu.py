@@ -23,7 +23,7 @@ BACKENDS = ["grouped", "moe", "sm80_grouped", "sm80_moe"]  # the sm80 families r
 # MoE configs: the 64x256 pingpong, 128x256 cooperative and 64x512 wide cooperative tiles.
 COOPERATIVE = "sm90_cooperative_128x256x64_1x1x1"
 WIDE = "sm90_cooperative_wide_64x512x32_1x1x1"  # MoE family: both consumers on the same 64 rows
-PINGPONG = "sm90_pingpong_64x256x64_1x1x1"
+PINGPONG = SMALL_M  # the 64x256 pingpong tile, in both families
 KERNELS = [("grouped", SMALL_M), ("grouped", LARGE_M), ("moe", SMALL_M), ("moe", COOPERATIVE), ("moe", WIDE),
            ("sm80_grouped", SM80_SMALL_M), ("sm80_grouped", SM80_LARGE_M),
            ("sm80_moe", SM80_SMALL_M), ("sm80_moe", SM80_LARGE_M)]

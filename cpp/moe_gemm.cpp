@@ -11,6 +11,7 @@
 #include "expert_rows.hpp"
 #include "kernel_families.h"
 #include "launch_facts.h"
+#include "split_gate.hpp"
 #include "workspace.h"
 #include "zero_rows.h"
 
@@ -360,6 +361,15 @@ std::vector<std::pair<int64_t, int64_t>> expert_row_ranges(const std::vector<int
     rows_before = r.start + r.rows;
   }
   return ranges;
+}
+
+bool split_of_whole_tiles(const std::vector<int64_t>& tokens_per_expert) {
+  bool aligned = true, multi_tile = false;
+  for (int64_t count : tokens_per_expert) {
+    aligned = aligned && count_in_whole_tiles(count);
+    multi_tile = multi_tile || count_spans_two_tiles(count);
+  }
+  return aligned && multi_tile;
 }
 
 MoeGemmPlan plan_moe_gemm(const MoeGemmProblem& p, Backend backend, KernelConfig config, int device) {

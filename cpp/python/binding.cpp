@@ -261,6 +261,7 @@ PYBIND11_MODULE(_C, m) {
     for (auto [start, rows] : expert_row_ranges(counts, num_tokens)) ranges.emplace_back(start, start + rows);
     return ranges;
   });
+  m.def("split_of_whole_tiles", &split_of_whole_tiles);
   m.def("built_instances", &built_instances);
   m.def("target_archs", &target_archs);
   m.def("sm80_family_ccs", &sm80_family_ccs);

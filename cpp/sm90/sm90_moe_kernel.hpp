@@ -37,6 +37,7 @@
 #include "sm90/sm90_moe_descriptors.hpp"
 #include "sm90/sm90_moe_epilogue.hpp"
 #include "sm90/sm90_mma_loop.hpp"
+#include "split_gate.hpp"
 #include "zero_fill.cuh"
 
 namespace cutlass_moe::sm90 {
@@ -297,16 +298,15 @@ class MoeGemmKernel {
  private:
   using Fused = FusedEpilogue<Element>;
 
-  // Whether the counts are a split of whole kAlignedSplitRows tiles (SplitGate: every count a
-  // multiple of them, some expert holding two or more), read by the whole CTA for a plan's two
-  // launches: a thread per expert.
+  // Whether the counts are a split of whole kAlignedSplitRows tiles (SplitGate; split_gate.hpp's
+  // rule), read by the whole CTA for a plan's two launches: a thread per expert.
   CUTLASS_DEVICE static bool counts_aligned(typename Scheduler::Params const& s) {
     bool aligned = true, multi_tile = false;
     for (int e = threadIdx.x; e < s.num_experts; e += blockDim.x) {
       const int64_t count = s.counts_are_int64 ? static_cast<const int64_t*>(s.tokens_per_expert)[e]
                                                : static_cast<const int32_t*>(s.tokens_per_expert)[e];
-      aligned = aligned && count % kAlignedSplitRows == 0;
-      multi_tile = multi_tile || count >= 2 * kAlignedSplitRows;
+      aligned = aligned && count_in_whole_tiles(count);
+      multi_tile = multi_tile || count_spans_two_tiles(count);
     }
     // Both barriers are reached by every thread (no early exit between them).
     const bool all_aligned = __syncthreads_and(aligned) != 0;

@@ -206,6 +206,11 @@ void check_problem(const MoeGemmProblem& problem);
 std::vector<std::pair<int64_t, int64_t>> expert_row_ranges(const std::vector<int64_t>& tokens_per_expert,
                                                            int64_t num_tokens);
 
+// Whether these counts are a split of whole kAlignedSplitRows tiles (SplitGate), computed on the host
+// with the per-count tests the kernel uses on the device: where a plan holds an aligned instance,
+// whether the device runs it.
+bool split_of_whole_tiles(const std::vector<int64_t>& tokens_per_expert);
+
 // The family and configuration the heuristics pick from what the host knows: the device's
 // architecture, T/E, N and K (never the counts). select_config answers for a given (resolved)
 // family. A negative device means "an sm90 device" (with an H200's DRAM, where the pick depends on

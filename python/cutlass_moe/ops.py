@@ -120,15 +120,13 @@ def _on_device(device: int, fn, *args) -> None:
             fn(*args)
 
 
-ALIGNED_SPLIT_ROWS = 128  # kAlignedSplitRows: the cooperative tile's rows
-
-
 def runs_aligned_config(tokens_per_expert) -> bool:
-    """Whether a call whose plan holds an :func:`aligned_config` runs it on these counts (the kernel's
-    SplitGate, read on the device): every count a multiple of 128 and some expert holding 256 rows or
-    more. For the benchmarks' and tests' bookkeeping; calls never need it."""
-    counts = torch.as_tensor(tokens_per_expert)
-    return bool((counts % ALIGNED_SPLIT_ROWS == 0).all()) and bool((counts >= 2 * ALIGNED_SPLIT_ROWS).any())
+    """Whether a call whose plan holds an :func:`aligned_config` runs it on these counts: every count
+    a multiple of 128 and some expert holding 256 rows or more (the kernel's SplitGate, which reads
+    them on the device; computed here by the library with the same per-count tests). For the
+    benchmarks' and tests' bookkeeping; calls never need it."""
+    counts = torch.as_tensor(tokens_per_expert).detach().to("cpu", torch.int64)
+    return _C.split_of_whole_tiles(counts.reshape(-1).tolist())
 
 
 def _select(num_tokens, num_experts, n, k, backend, device, trans_b, dtype) -> Tuple[int, int, int]:

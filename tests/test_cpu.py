@@ -290,10 +290,11 @@ def test_moe_heuristic_takes_128_row_tiles_with_deep_k_among_many_experts_or_tho
     assert cutlass_moe.select_config(t, e, n, k, backend="moe", device=-1) == ("moe", expect)
 
 
-# Where the wide tile is picked for fewer than 32 experts with 256 or more rows each, or the pingpong
-# tile for 32 or more experts with 65-255 rows each in calls of 2^37 MACs or more, a call also
-# launches the cooperative tile, which
-# the device runs instead on splits of whole 128-row tiles (heuristics.cpp, select_aligned_config):
+# A call also launches the cooperative tile, which the device runs instead on splits of whole 128-row
+# tiles (heuristics.cpp, select_aligned_config), where the rule picks:
+# - the wide tile for fewer than 32 experts with 256 or more rows each, or with (E, N, K) weights the
+#   pingpong tile there (256-511 rows, N >= 16384);
+# - the pingpong tile for 32 or more experts with 65-255 rows each, in calls of 2^37 MACs or more.
 # T must be a multiple of 128.
 @pytest.mark.parametrize("t,e,n,k,trans_b,expect", [
     (4096, 16, 16384, 5120, False, "sm90_cooperative_128x256x64_1x1x1"),  # seed001-llama4: 256 rows

@@ -13,6 +13,18 @@ int64_t expert_rows(const MoeGemmProblem& problem) {
   return problem.num_tokens / (problem.num_experts > 0 ? problem.num_experts : 1);
 }
 
+// DRAM fast enough for the H200's rule (peak 4.9 TB/s; an H100's 3.35 is not). Planning without a device
+// (device < 0) takes the H200's rule.
+bool has_fast_dram(int device) { return device < 0 || device_facts(device).dram_tbps >= 4.0; }
+
+// (E, N, K) weights where (E, K, N) weights would take the wide tile for few experts: fewer than 32
+// experts, N >= 16384 (Mixtral's and Llama 4 Scout's gate/up projections), on fast DRAM. The wide
+// tile is built for (E, K, N) weights only (CMakeLists.txt).
+bool few_experts_wide_n_without_wide_tile(const MoeGemmProblem& problem, int device) {
+  return problem.weight_layout == WeightLayout::kNK && problem.num_experts < 32 && problem.n >= 16384 &&
+         has_fast_dram(device);
+}
+
 // On Ampere/Ada (no sm90 kernels): the sm80 MoE kernel, which needs no argument-building launch.
 Backend select_sm80_backend(const MoeGemmProblem&) { return Backend::kSm80Moe; }
 
@@ -83,16 +95,15 @@ KernelConfig select_config(const MoeGemmProblem& problem, Backend backend, int d
     // 94.4% of the shapes, against 85.0% for the previous rule judged on the same table, which had
     // asked also for weights of 8M elements or more (fitted before the cooperative tile halved its
     // short last round; benchmarks/NOTES.md, "The heuristic refitted on the sweep with the wide tile").
-    const bool fast_dram = device < 0 || device_facts(device).dram_tbps >= 4.0;
+    const bool fast_dram = has_fast_dram(device);
     // (E, N, K) weights have no wide tile (below), and with few experts and N >= 16384 (Mixtral's and
     // Llama 4 Scout's gate/up projections) the cooperative tile is already the faster from 512 rows
     // per expert: 0.92-0.99 of the pingpong tile's time on each of the nine even, random and skewed
     // splits of benchmarks/sweep_h200_nk.json there.
-    const bool few_wide_nk = fast_dram && problem.weight_layout == WeightLayout::kNK &&
-                             problem.num_experts < 32 && problem.n >= 16384;
-    const bool deferred_wins = defer_cooperative_stores(problem) &&
-                               (rows_per_expert >= 768 || problem.num_experts >= 32 ||
-                                (few_wide_nk && rows_per_expert >= 512));
+    const bool deferred_wins =
+        defer_cooperative_stores(problem) &&
+        (rows_per_expert >= 768 || problem.num_experts >= 32 ||
+         (few_experts_wide_n_without_wide_tile(problem, device) && rows_per_expert >= 512));
     // Slower DRAM favours the cooperative tile's single read of each weight tile at shallower K too:
     // on an H100 from K = 1408 (benchmarks/sweep_h100.json: 72 shapes of 96-192 rows per expert
     // among 60-256 experts, 2.5% faster in geomean, up to 21% on uneven splits, 1-4% slower on even
@@ -167,15 +178,13 @@ KernelConfig select_aligned_config(const MoeGemmProblem& problem, KernelConfig p
       (device >= 0 && device_facts(device).cc / 10 != 9)) {
     return KernelConfig::kAuto;
   }
-  const int64_t experts = problem.num_experts > 0 ? problem.num_experts : 1;
-  const int64_t rows_per_expert = problem.num_tokens / experts;
-  const bool fast_dram = device < 0 || device_facts(device).dram_tbps >= 4.0;
+  const int64_t rows_per_expert = expert_rows(problem);
   const bool few_experts = problem.num_experts < 32 && rows_per_expert >= 256;
   const bool wide_few = picked == KernelConfig::kSm90CooperativeWide_64x512x32_1x1x1 && few_experts;
-  const bool pingpong_few_nk = picked == KernelConfig::kSm90Pingpong_64x256x64_1x1x1 && fast_dram &&
-                               problem.weight_layout == WeightLayout::kNK && problem.n >= 16384 && few_experts;
+  const bool pingpong_few_nk = picked == KernelConfig::kSm90Pingpong_64x256x64_1x1x1 && few_experts &&
+                               few_experts_wide_n_without_wide_tile(problem, device);
   const double macs = static_cast<double>(problem.num_tokens) * problem.n * problem.k;
-  const bool pingpong_many = picked == KernelConfig::kSm90Pingpong_64x256x64_1x1x1 && fast_dram &&
+  const bool pingpong_many = picked == KernelConfig::kSm90Pingpong_64x256x64_1x1x1 && has_fast_dram(device) &&
                              problem.num_experts >= 32 && rows_per_expert > 64 && rows_per_expert < 256 &&
                              macs >= 0x1p37;
   return wide_few || pingpong_few_nk || pingpong_many ? KernelConfig::kSm90Cooperative_128x256x64_1x1x1

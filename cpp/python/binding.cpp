@@ -78,7 +78,7 @@ PYBIND11_MODULE(_C, m) {
   py::class_<MoeGemmPlan>(m, "Plan", "A problem shape resolved to a kernel instance (plan_moe_gemm)")
       .def_property_readonly("backend", [](const MoeGemmPlan& p) { return backend_name(p.backend); })
       .def_property_readonly("config", [](const MoeGemmPlan& p) { return config_name(p.config); })
-      // The config that runs instead where every count is a multiple of 128 (read on the device), or None.
+      // The config that runs instead on splits of whole 128-row tiles (SplitGate, read on the device), or None.
       .def_property_readonly("aligned_config",
                              [](const MoeGemmPlan& p) -> py::object {
                                if (p.aligned_instance == nullptr) return py::none();

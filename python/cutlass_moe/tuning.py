@@ -190,6 +190,7 @@ def tune(problems: Iterable[Problem], *, dtype: torch.dtype = torch.bfloat16, tr
                             generator=gen) * k ** -0.5
             counts = torch.full((num_experts,), num_tokens // num_experts, dtype=torch.int32)
             counts[-1] += num_tokens - int(counts.sum())
+            aligned_split = runs_aligned_config(counts)  # the even split timed here (SplitGate)
             counts = counts.cuda()
             times = time_configs(x, w, counts, trans_b, pairs, warmup_ms, rep_ms, rounds)
             if not times:
@@ -200,7 +201,7 @@ def tune(problems: Iterable[Problem], *, dtype: torch.dtype = torch.bfloat16, tr
             entry = {"backend": best.split(":")[0], "config": best.split(":")[1], "ms": times[best],
                      "heuristic": heuristic, "heuristic_ms": times.get(heuristic)}
             aligned = aligned_config(num_tokens, num_experts, n, k, device=device, trans_b=trans_b, dtype=dtype)
-            remembered = not (aligned is not None and runs_aligned_config(counts.cpu()) and
+            remembered = not (aligned is not None and aligned_split and
                               best == f"{heuristic.split(':')[0]}:{aligned}")
             key = _key(dtype_name, layout, num_tokens, num_experts, n, k)
             if remembered:

@@ -70,11 +70,7 @@ void MoeGemmInstance<kDType, kLayout, kConfig>::run(const MoeGemmProblem& p, voi
                     "the sm90 MoE kernel cannot take T = " << p.num_tokens << ", N = " << p.n << ", K = " << p.k
                                                            << ", E = " << p.num_experts << " with these strides");
   const typename Kernel::Params params = Kernel::to_underlying_arguments(args, workspace);
-  // A plan's second launch (run_moe_gemm) starts as the first one's CTAs leave (the kernel's
-  // griddepcontrol pair), not after a whole launch's latency: the first returns at once on most
-  // splits.
-  launch_one_cta_per_sm<Kernel>(params, device, stream, "the sm90 MoE kernel",
-                                /*programmatic=*/args.split_gate == SplitGate::kUnalignedOnly);
+  launch_one_cta_per_sm<Kernel>(params, device, stream, "the sm90 MoE kernel");
 }
 
 }  // namespace cutlass_moe::sm90

@@ -635,11 +635,6 @@ CUTLASS_DEVICE void MoeGemmKernel<Element, LayoutB, Config, Fusion>::operator()(
   auto& storage = *reinterpret_cast<SharedStorage*>(smem);
   // One of a plan's two launches (run_moe_gemm): leave before any other work unless the counts are
   // the split this launch is for. Every CTA reads them alike, so exactly one of the two runs.
-  // The second is a programmatic dependent launch (sm90_launch.cuh): the first lets it start at
-  // once, and it waits here for the first to finish, so the kernels after the pair in the stream
-  // still follow both, and the second neither starts its tiles nor returns before the first ends.
-  if (params.split_gate == SplitGate::kAlignedOnly) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  if (params.split_gate == SplitGate::kUnalignedOnly) asm volatile("griddepcontrol.wait;" ::: "memory");
   if (params.split_gate != SplitGate::kAlways &&
       counts_aligned(params.scheduler) != (params.split_gate == SplitGate::kAlignedOnly)) {
     return;

@@ -10,12 +10,13 @@ the second launch costs where it returns at once (on uneven splits) and what the
 gains on splits of whole 128-row tiles.
 
 To run (on the GPU machine, from outside the source tree):
-  python3 aligned_split_bench.py [--rounds 5] [--shapes dsv3,llama4] [--trans-b]
+  python3 aligned_split_bench.py [--rounds 5] [--shapes dsv3,llama4] [--trans-b] [--seeds 3]
 """
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 
 import torch
@@ -33,7 +34,11 @@ COOPERATIVE = "sm90_cooperative_128x256x64_1x1x1"
 # MACs, which plan one config (kept to time the second launch where a build lowers that bound),
 # seed000-g128 among them (a public case).
 SHAPES = [("llama4-scout gate/up, 256 rows", 4096, 16, 5120, 16384),
+          ("llama4-scout gate/up, 384 rows", 6144, 16, 5120, 16384),
+          ("mixtral-8x7b gate/up, 256 rows", 2048, 8, 4096, 28672),
           ("mixtral-8x7b gate/up, 384 rows", 3072, 8, 4096, 28672),
+          ("mixtral-8x22b gate/up, 256 rows", 2048, 8, 6144, 32768),
+          ("mixtral-8x22b gate/up, 384 rows", 3072, 8, 6144, 32768),
           ("mixtral-8x7b gate/up, 512 rows", 4096, 8, 4096, 28672),
           ("dsv3 down, 128 rows", 32768, 256, 2048, 7168),
           ("dsv3 down, 96 rows", 24576, 256, 2048, 7168),
@@ -52,6 +57,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--shapes", default="", help="comma-separated substrings of the shapes' names to run")
     parser.add_argument("--trans-b", action="store_true", help="weights stored (E, N, K) (moe_gemm's trans_b)")
+    parser.add_argument("--seeds", type=int, default=1,
+                        help="random and skewed splits drawn per shape (a single draw judges the configs on one split)")
     args = parser.parse_args()
     layout = "(E, N, K)" if args.trans_b else "(E, K, N)"
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, bf16 {layout}; ms, median of "
@@ -69,8 +76,11 @@ def main() -> None:
             continue
         x = torch.randn(t, k, device="cuda", dtype=torch.bfloat16)
         w = torch.randn(e, *((n, k) if tb else (k, n)), device="cuda", dtype=torch.bfloat16) * k ** -0.5
-        for index, split in enumerate(("uniform", "aligned", "random", "skewed")):
-            counts = split_counts(e, t, split, seed=index)
+        draws = [("uniform", 0), ("aligned", 1)] + [(split, 4 * j + index) for j in range(args.seeds)
+                                                    for index, split in ((2, "random"), (3, "skewed"))]
+        uneven = []  # coop / pick on the random and skewed draws
+        for split, seed in draws:
+            counts = split_counts(e, t, split, seed=seed)
             c = counts.to("cuda", torch.int32)
             runs = COOPERATIVE if runs_aligned_config(counts) else pick
             y = cutlass_moe.moe_gemm(x, w, c, trans_b=tb)
@@ -84,6 +94,11 @@ def main() -> None:
             print(f"{name:<34}{split:<9}{label(runs):<6}{times['auto']:8.4f}"
                   f"{times['coop']:8.4f}{times['pick']:8.4f}{times['auto'] / best:10.3f}"
                   f"{times['coop'] / times['pick']:10.3f}", flush=True)
+            if split in ("random", "skewed"):
+                uneven.append(times["coop"] / times["pick"])
+        if args.seeds > 1:
+            print(f"{name:<34}coop/pick over {len(uneven)} random and skewed draws: geomean "
+                  f"{statistics.geometric_mean(uneven):.3f}, {min(uneven):.3f}-{max(uneven):.3f}", flush=True)
         del x, w
         torch.cuda.empty_cache()
 

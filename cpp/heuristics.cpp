@@ -97,13 +97,16 @@ KernelConfig select_config(const MoeGemmProblem& problem, Backend backend, int d
     // short last round; benchmarks/NOTES.md, "The heuristic refitted on the sweep with the wide tile").
     const bool fast_dram = has_fast_dram(device);
     // (E, N, K) weights have no wide tile (below), and with few experts and N >= 16384 (Mixtral's and
-    // Llama 4 Scout's gate/up projections) the cooperative tile is already the faster from 512 rows
-    // per expert: 0.92-0.99 of the pingpong tile's time on each of the nine even, random and skewed
-    // splits of benchmarks/sweep_h200_nk.json there.
+    // Llama 4 Scout's gate/up projections) the cooperative tile is already the faster from 256 rows
+    // per expert, on every kind of split: at 256 and 384 rows 0.91-0.94 of the pingpong tile's time
+    // on even splits, 0.91-0.98 in geomean over three random and three skewed draws of each of six
+    // shapes (one draw of 36 slower, 1.023), medians of five alternating rounds
+    // (benchmarks/aligned_split_bench.py --trans-b --seeds 3; benchmarks/NOTES.md, "The cooperative
+    // tile from 256 rows with (E, N, K) weights"). At 192 rows it pads every expert's second tile
+    // (1.21-1.24x on even splits; sweep_h200_nk.json).
     const bool deferred_wins =
         defer_cooperative_stores(problem) &&
-        (rows_per_expert >= 768 || problem.num_experts >= 32 ||
-         (few_experts_wide_n_without_wide_tile(problem, device) && rows_per_expert >= 512));
+        (rows_per_expert >= 768 || problem.num_experts >= 32 || few_experts_wide_n_without_wide_tile(problem, device));
     // Slower DRAM favours the cooperative tile's single read of each weight tile at shallower K too:
     // on an H100 from K = 1408 (benchmarks/sweep_h100.json: 72 shapes of 96-192 rows per expert
     // among 60-256 experts, 2.5% faster in geomean, up to 21% on uneven splits, 1-4% slower on even
@@ -159,9 +162,7 @@ KernelConfig select_config(const MoeGemmProblem& problem, Backend backend, int d
 //   Scout's gate/up projections): 1-6% faster on splits of whole tiles, where the cooperative tile
 //   pads nothing and reads each weight tile half as often; up to 10% slower on random and skewed
 //   splits of the same averages. With (E, N, K) weights, which have no wide tile, the same shapes
-//   pick the pingpong tile (up to 511 rows; select_config): 2-7% faster there on even splits and
-//   splits of whole tiles at 256 and 384 rows (sweep_h200_nk.json, sweep_h200_aligned_nk.json), up
-//   to 6% slower on random splits;
+//   pick the cooperative tile outright (select_config);
 // - the pingpong tile's picks for 32 or more experts with 65-255 rows each on fast DRAM, where the
 //   call multiplies 2^37 or more MACs (DeepSeek-V3's down projection at prefill, Qwen3-235B's):
 //   4-8% faster on random splits of whole tiles at 96, 128 and 192 rows per expert, both layouts,
@@ -181,14 +182,11 @@ KernelConfig select_aligned_config(const MoeGemmProblem& problem, KernelConfig p
   const int64_t rows_per_expert = expert_rows(problem);
   const bool few_experts = problem.num_experts < 32 && rows_per_expert >= 256;
   const bool wide_few = picked == KernelConfig::kSm90CooperativeWide_64x512x32_1x1x1 && few_experts;
-  const bool pingpong_few_nk = picked == KernelConfig::kSm90Pingpong_64x256x64_1x1x1 && few_experts &&
-                               few_experts_wide_n_without_wide_tile(problem, device);
   const double macs = static_cast<double>(problem.num_tokens) * problem.n * problem.k;
   const bool pingpong_many = picked == KernelConfig::kSm90Pingpong_64x256x64_1x1x1 && has_fast_dram(device) &&
                              problem.num_experts >= 32 && rows_per_expert > 64 && rows_per_expert < 256 &&
                              macs >= 0x1p37;
-  return wide_few || pingpong_few_nk || pingpong_many ? KernelConfig::kSm90Cooperative_128x256x64_1x1x1
-                                                      : KernelConfig::kAuto;
+  return wide_few || pingpong_many ? KernelConfig::kSm90Cooperative_128x256x64_1x1x1 : KernelConfig::kAuto;
 }
 
 // The MoE kernel everywhere but when accumulating: it adds with TMA reduce-add, 1.3-1.4x slower than

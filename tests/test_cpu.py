@@ -292,8 +292,8 @@ def test_moe_heuristic_takes_128_row_tiles_with_deep_k_among_many_experts_or_tho
 
 # A call also launches the cooperative tile, which the device runs instead on splits of whole 128-row
 # tiles (heuristics.cpp, select_aligned_config), where the rule picks:
-# - the wide tile for fewer than 32 experts with 256 or more rows each, or with (E, N, K) weights the
-#   pingpong tile there (256-511 rows, N >= 16384);
+# - the wide tile for fewer than 32 experts with 256 or more rows each (with (E, N, K) weights the
+#   rule takes the cooperative tile there outright);
 # - the pingpong tile for 32 or more experts with 65-255 rows each, in calls of 2^37 MACs or more.
 # T must be a multiple of 128.
 @pytest.mark.parametrize("t,e,n,k,trans_b,expect", [
@@ -301,8 +301,8 @@ def test_moe_heuristic_takes_128_row_tiles_with_deep_k_among_many_experts_or_tho
     (3072, 8, 28672, 4096, False, "sm90_cooperative_128x256x64_1x1x1"),   # Mixtral gate/up: 384 rows
     (3072 + 64, 8, 28672, 4096, False, None),                             # T not a multiple of 128
     (1024, 8, 28672, 4096, False, None),                                  # 128 rows: no faster there
-    (4096, 16, 16384, 5120, True, "sm90_cooperative_128x256x64_1x1x1"),   # (E, N, K): the pingpong tile's pick
-    (3072, 8, 28672, 4096, True, "sm90_cooperative_128x256x64_1x1x1"),    # the same, Mixtral gate/up at 384 rows
+    (4096, 16, 16384, 5120, True, None),                                  # (E, N, K): the cooperative tile outright
+    (3072, 8, 28672, 4096, True, None),                                   # the same, Mixtral gate/up at 384 rows
     (2048, 16, 16384, 5120, True, None),                                  # (E, N, K) at 128 rows
     (32768, 256, 4096, 7168, False, None),                                # dsv3-prefill: many experts
     (8192, 8, 28672, 4096, False, None),                                  # mixtral-prefill: cooperative
@@ -334,11 +334,14 @@ def test_which_splits_run_the_aligned_config():
 
 
 def test_heuristic_sees_the_weights_layout_and_the_dtype():
-    # The wide tile is built for (E, K, N) weights only: with trans_b the pingpong tile keeps its place,
-    # up to 511 rows per expert (the cooperative tile from 512; sweep_h200_nk.json).
+    # The wide tile is built for (E, K, N) weights only: with trans_b the cooperative tile takes its
+    # place from 256 rows per expert (aligned_split_bench.py --trans-b --seeds 3), the pingpong tile's
+    # below.
     assert cutlass_moe.select_config(4096, 16, 16384, 5120, device=-1) == ("moe", WIDE_TILE)
     assert cutlass_moe.select_config(4096, 16, 16384, 5120, device=-1, trans_b=True) == (
-        "moe", "sm90_pingpong_64x256x64_1x1x1")
+        "moe", "sm90_cooperative_128x256x64_1x1x1")
+    assert cutlass_moe.select_config(3072, 16, 16384, 5120, device=-1, trans_b=True) == (
+        "moe", "sm90_pingpong_64x256x64_1x1x1")  # 192 rows per expert
     assert cutlass_moe.select_config(4096, 8, 28672, 4096, device=-1) == ("moe", WIDE_TILE)
     assert cutlass_moe.select_config(4096, 8, 28672, 4096, device=-1, trans_b=True) == (
         "moe", "sm90_cooperative_128x256x64_1x1x1")

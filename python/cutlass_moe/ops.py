@@ -171,8 +171,8 @@ def aligned_config(num_tokens: int, num_experts: int, n: int, k: int, backend: s
     Today the cooperative 128x256 tile, in two places (H200, bf16, both layouts):
     - where the heuristic takes the wide tile for fewer than 32 experts with 256 or more rows each
       (Mixtral's and Llama 4 Scout's gate/up projections): 1-6% faster than the wide tile on splits
-      of whole tiles, up to 10% slower on others; with (E, N, K) weights, which have no wide tile,
-      where it takes the pingpong tile there (256-511 rows): 2-7% faster on splits of whole tiles;
+      of whole tiles, up to 10% slower on others (with (E, N, K) weights, which have no wide tile,
+      the heuristic takes the cooperative tile there for every split);
     - where it takes the pingpong tile for 32 or more experts with 65-255 rows each and the call
       multiplies 2^37 (1.4e11) or more MACs (DeepSeek-V3's and Qwen3-235B's down projections at
       prefill): 4-8% faster on splits of whole tiles; an even split of one tile per expert keeps the

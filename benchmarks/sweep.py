@@ -15,7 +15,7 @@ are bound by the launch), gives the share of shapes where the heuristic is withi
 the lowest floor fractions, how many shapes are under 0.7 of the floor, and the worst five.
 
 To run on the GPU machine (after the build):
-  python3 benchmarks/sweep.py [--models a,b] [--rows 16,128,1024] [--splits uniform,random,skewed,aligned]
+  python3 benchmarks/sweep.py [--models a,b] [--rows 16,128,1024] [--splits uniform,random,skewed,aligned] [--draws 3]
                               [--out sweep.json] [--start N] [--limit N] [--families moe,grouped]
 To judge a stored table with the installed heuristic (no GPU): python3 benchmarks/sweep.py --judge
 benchmarks/sweep_h200.json (the heuristic in cpp/heuristics.cpp was fitted on that table, and its
@@ -78,14 +78,17 @@ def split_counts(num_experts: int, num_tokens: int, split: str, seed: int) -> to
     return counts
 
 
-def shapes(models: List[str], rows: List[int], splits: List[str]) -> Iterator[dict]:
+def shapes(models: List[str], rows: List[int], splits: List[str], draws: int = 1) -> Iterator[dict]:
+    """The sweep's rows in order; `draws` rows for each drawn split ("random", "skewed", "aligned"),
+    which the row's index seeds apart (main: split_counts(..., seed=i))."""
     for model in models:
         experts, hidden, inter = MODELS[model]
         for proj, k, n in (("gate_up", hidden, 2 * inter), ("down", inter, hidden)):
             for per_expert in rows:
                 for split in splits:
-                    yield {"model": model, "proj": proj, "E": experts, "T": experts * per_expert, "K": k, "N": n,
-                           "rows_per_expert": per_expert, "split": split}
+                    for _ in range(1 if split == "uniform" else draws):
+                        yield {"model": model, "proj": proj, "E": experts, "T": experts * per_expert, "K": k,
+                               "N": n, "rows_per_expert": per_expert, "split": split}
 
 
 def auto_pick(shape: dict, counts: torch.Tensor, device: Optional[int] = None, trans_b: bool = False) -> str:
@@ -155,6 +158,9 @@ def main() -> int:
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--rows", default=",".join(map(str, ROWS)), help="average rows per expert")
     parser.add_argument("--splits", default=",".join(SPLITS))
+    parser.add_argument("--draws", type=int, default=1,
+                        help="rows per drawn split (random, skewed, aligned), each with its own counts: one draw "
+                             "can favour a config by a few percent")
     parser.add_argument("--out", default="sweep.json")
     parser.add_argument("--limit", type=int, default=0, help="stop after this many shapes (0: all)")
     parser.add_argument("--start", type=int, default=0, help="skip this many shapes (to resume a cut run)")
@@ -188,7 +194,8 @@ def main() -> int:
     os.environ["CUTLASS_MOE_TUNING"] = "0"  # the heuristic's own choices, whatever was tuned here
     families = args.families.split(",")
     pairs = [(b, c) for b, c in tuning.candidates(torch.bfloat16, trans_b=args.trans_b) if b in families]
-    todo = list(shapes(args.models.split(","), [int(r) for r in args.rows.split(",")], args.splits.split(",")))
+    todo = list(shapes(args.models.split(","), [int(r) for r in args.rows.split(",")], args.splits.split(","),
+                       args.draws))
     todo = todo[args.start:]
     if args.limit:
         todo = todo[:args.limit]

@@ -665,6 +665,9 @@ def test_sweep_shapes_splits_and_summary(monkeypatch):
     assert [(s["proj"], s["K"], s["N"], s["T"]) for s in shapes] == [
         ("gate_up", 2048, 2048, 1024), ("gate_up", 2048, 2048, 16384), ("down", 1024, 2048, 1024),
         ("down", 1024, 2048, 16384)]
+    # --draws: that many rows of each drawn split, one of each even split.
+    drawn = [s["split"] for s in sweep.shapes(["olmoe"], [16], ["uniform", "random", "skewed"], draws=3)]
+    assert drawn == (["uniform"] + ["random"] * 3 + ["skewed"] * 3) * 2
     rows = [dict(model="m", proj="p", E=8, T=t, K=64, N=64, split="uniform", floor_us=floor, heuristic="moe:a",
                  heuristic_ms=h, times={"moe:a": h, "moe:b": b})
             for t, floor, h, b in ((1, 10.0, 1.0, 0.1), (2, 100.0, 0.2, 0.2), (3, 100.0, 0.3, 0.25))]

@@ -10,7 +10,7 @@ the second launch costs where it returns at once (on uneven splits) and what the
 gains on splits of whole 128-row tiles.
 
 To run (on the GPU machine, from outside the source tree):
-  python3 aligned_split_bench.py [--rounds 5] [--shapes dsv3,llama4] [--trans-b] [--seeds 3]
+  python3 aligned_split_bench.py [--rounds 5] [--shapes dsv3,llama4] [--trans-b] [--seeds 3] [--pick CONFIG]
 """
 from __future__ import annotations
 
@@ -59,21 +59,26 @@ def main() -> None:
     parser.add_argument("--trans-b", action="store_true", help="weights stored (E, N, K) (moe_gemm's trans_b)")
     parser.add_argument("--seeds", type=int, default=1,
                         help="random and skewed splits drawn per shape (a single draw judges the configs on one split)")
+    parser.add_argument("--pick", default="",
+                        help="time this config as 'pick' instead of the heuristic's, also on shapes planned with "
+                             "one config (e.g. sm90_pingpong_64x256x64_1x1x1 against the cooperative tile)")
     args = parser.parse_args()
     layout = "(E, N, K)" if args.trans_b else "(E, K, N)"
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, bf16 {layout}; ms, median of "
           f"{args.rounds} alternating rounds")
     print(f"{'shape':<34}{'split':<9}{'runs':<6}{'auto':>8}{'coop':>8}{'pick':>8}{'auto/best':>10}{'coop/pick':>10}"
-          "  (pick: the heuristic's config for the shape's other splits)")
+          f"  (pick: {args.pick or 'the heuristic config for the shape'}; runs: what auto runs on the split)")
     wanted = [w for w in args.shapes.split(",") if w]
     for name, t, e, k, n in SHAPES:
         if wanted and not any(w in name for w in wanted):
             continue
         tb = args.trans_b
-        pick = cutlass_moe.select_config(t, e, n, k, trans_b=tb)[1]
-        if cutlass_moe.aligned_config(t, e, n, k, trans_b=tb) != COOPERATIVE:
-            print(f"{name:<34}plans {pick} alone: skipped", flush=True)
+        heuristic = cutlass_moe.select_config(t, e, n, k, trans_b=tb)[1]
+        two_configs = cutlass_moe.aligned_config(t, e, n, k, trans_b=tb) == COOPERATIVE
+        if not two_configs and not args.pick:
+            print(f"{name:<34}plans {heuristic} alone: skipped", flush=True)
             continue
+        pick = args.pick or heuristic
         x = torch.randn(t, k, device="cuda", dtype=torch.bfloat16)
         w = torch.randn(e, *((n, k) if tb else (k, n)), device="cuda", dtype=torch.bfloat16) * k ** -0.5
         draws = [("uniform", 0), ("aligned", 1)] + [(split, 4 * j + index) for j in range(args.seeds)
@@ -82,7 +87,7 @@ def main() -> None:
         for split, seed in draws:
             counts = split_counts(e, t, split, seed=seed)
             c = counts.to("cuda", torch.int32)
-            runs = COOPERATIVE if runs_aligned_config(counts) else pick
+            runs = COOPERATIVE if two_configs and runs_aligned_config(counts) else heuristic  # what auto runs
             y = cutlass_moe.moe_gemm(x, w, c, trans_b=tb)
             assert torch.equal(y, cutlass_moe.moe_gemm(x, w, c, trans_b=tb, backend="moe", config=runs)), (name, split)
             times = bench.median_of_rounds({

@@ -17,14 +17,6 @@ int64_t expert_rows(const MoeGemmProblem& problem) {
 // (device < 0) takes the H200's rule.
 bool has_fast_dram(int device) { return device < 0 || device_facts(device).dram_tbps >= 4.0; }
 
-// (E, N, K) weights where (E, K, N) weights would take the wide tile for few experts: fewer than 32
-// experts, N >= 16384 (Mixtral's and Llama 4 Scout's gate/up projections), on fast DRAM. The wide
-// tile is built for (E, K, N) weights only (CMakeLists.txt).
-bool few_experts_wide_n_without_wide_tile(const MoeGemmProblem& problem, int device) {
-  return problem.weight_layout == WeightLayout::kNK && problem.num_experts < 32 && problem.n >= 16384 &&
-         has_fast_dram(device);
-}
-
 // On Ampere/Ada (no sm90 kernels): the sm80 MoE kernel, which needs no argument-building launch.
 Backend select_sm80_backend(const MoeGemmProblem&) { return Backend::kSm80Moe; }
 
@@ -104,9 +96,10 @@ KernelConfig select_config(const MoeGemmProblem& problem, Backend backend, int d
     // (benchmarks/aligned_split_bench.py --trans-b --seeds 3; benchmarks/NOTES.md, "The cooperative
     // tile from 256 rows with (E, N, K) weights"). At 192 rows it pads every expert's second tile
     // (1.21-1.24x on even splits; sweep_h200_nk.json).
-    const bool deferred_wins =
-        defer_cooperative_stores(problem) &&
-        (rows_per_expert >= 768 || problem.num_experts >= 32 || few_experts_wide_n_without_wide_tile(problem, device));
+    const bool few_experts_wide_n_nk =
+        fast_dram && problem.weight_layout == WeightLayout::kNK && problem.num_experts < 32 && problem.n >= 16384;
+    const bool deferred_wins = defer_cooperative_stores(problem) &&
+                               (rows_per_expert >= 768 || problem.num_experts >= 32 || few_experts_wide_n_nk);
     // Slower DRAM favours the cooperative tile's single read of each weight tile at shallower K too:
     // on an H100 from K = 1408 (benchmarks/sweep_h100.json: 72 shapes of 96-192 rows per expert
     // among 60-256 experts, 2.5% faster in geomean, up to 21% on uneven splits, 1-4% slower on even
@@ -180,8 +173,8 @@ KernelConfig select_aligned_config(const MoeGemmProblem& problem, KernelConfig p
     return KernelConfig::kAuto;
   }
   const int64_t rows_per_expert = expert_rows(problem);
-  const bool few_experts = problem.num_experts < 32 && rows_per_expert >= 256;
-  const bool wide_few = picked == KernelConfig::kSm90CooperativeWide_64x512x32_1x1x1 && few_experts;
+  const bool wide_few = picked == KernelConfig::kSm90CooperativeWide_64x512x32_1x1x1 &&
+                        problem.num_experts < 32 && rows_per_expert >= 256;
   const double macs = static_cast<double>(problem.num_tokens) * problem.n * problem.k;
   const bool pingpong_many = picked == KernelConfig::kSm90Pingpong_64x256x64_1x1x1 && has_fast_dram(device) &&
                              problem.num_experts >= 32 && rows_per_expert > 64 && rows_per_expert < 256 &&

@@ -30,7 +30,7 @@ import math
 import os
 import sys
 import time
-from typing import Dict, Iterator, List, Optional
+from typing import Dict, Iterable, Iterator, List, Optional
 
 import torch
 
@@ -78,12 +78,22 @@ def split_counts(num_experts: int, num_tokens: int, split: str, seed: int) -> to
     return counts
 
 
-def shapes(models: List[str], rows: List[int], splits: List[str], draws: int = 1) -> Iterator[dict]:
+PROJS = ("gate_up", "down")
+
+
+def shapes(models: List[str], rows: List[int], splits: List[str], draws: int = 1,
+           projs: Iterable[str] = PROJS) -> Iterator[dict]:
     """The sweep's rows in order; `draws` rows for each drawn split ("random", "skewed", "aligned"),
-    which the row's index seeds apart (main: split_counts(..., seed=i))."""
+    which the row's index seeds apart (main: split_counts(..., seed=i)). `projs`: the projections
+    to keep, gate_up (K = hidden, N = 2 x intermediate) and down (K = intermediate, N = hidden)."""
+    for name in projs:
+        if name not in PROJS:
+            raise ValueError(f"projs: expected gate_up or down, got {name!r}")
     for model in models:
         experts, hidden, inter = MODELS[model]
         for proj, k, n in (("gate_up", hidden, 2 * inter), ("down", inter, hidden)):
+            if proj not in projs:
+                continue
             for per_expert in rows:
                 for split in splits:
                     for _ in range(1 if split == "uniform" else draws):
@@ -158,6 +168,7 @@ def main() -> int:
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--rows", default=",".join(map(str, ROWS)), help="average rows per expert")
     parser.add_argument("--splits", default=",".join(SPLITS))
+    parser.add_argument("--projs", default=",".join(PROJS), help="projections to sweep: gate_up, down")
     parser.add_argument("--draws", type=int, default=1,
                         help="rows per drawn split (random, skewed, aligned), each with its own counts: one draw "
                              "can favour a config by a few percent")
@@ -195,7 +206,7 @@ def main() -> int:
     families = args.families.split(",")
     pairs = [(b, c) for b, c in tuning.candidates(torch.bfloat16, trans_b=args.trans_b) if b in families]
     todo = list(shapes(args.models.split(","), [int(r) for r in args.rows.split(",")], args.splits.split(","),
-                       args.draws))
+                       args.draws, args.projs.split(",")))
     todo = todo[args.start:]
     if args.limit:
         todo = todo[:args.limit]

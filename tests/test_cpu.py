@@ -668,6 +668,10 @@ def test_sweep_shapes_splits_and_summary(monkeypatch):
     # --draws: that many rows of each drawn split, one of each even split.
     drawn = [s["split"] for s in sweep.shapes(["olmoe"], [16], ["uniform", "random", "skewed"], draws=3)]
     assert drawn == (["uniform"] + ["random"] * 3 + ["skewed"] * 3) * 2
+    # --projs: one projection alone.
+    assert [s["proj"] for s in sweep.shapes(["olmoe"], [16, 256], ["uniform"], projs=["down"])] == ["down"] * 2
+    with pytest.raises(ValueError, match="projs"):
+        list(sweep.shapes(["olmoe"], [16], ["uniform"], projs=["up"]))
     rows = [dict(model="m", proj="p", E=8, T=t, K=64, N=64, split="uniform", floor_us=floor, heuristic="moe:a",
                  heuristic_ms=h, times={"moe:a": h, "moe:b": b})
             for t, floor, h, b in ((1, 10.0, 1.0, 0.1), (2, 100.0, 0.2, 0.2), (3, 100.0, 0.3, 0.25))]

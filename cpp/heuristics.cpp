@@ -98,8 +98,19 @@ KernelConfig select_config(const MoeGemmProblem& problem, Backend backend, int d
     // (1.21-1.24x on even splits; sweep_h200_nk.json).
     const bool few_experts_wide_n_nk =
         fast_dram && problem.weight_layout == WeightLayout::kNK && problem.num_experts < 32 && problem.n >= 16384;
+    // With (E, K, N) weights, few experts, N < 16384 and deep K (Mixtral's and Llama 4 Scout's down
+    // projections) the pingpong tile still leads up to 1535 rows per expert: the cooperative tile
+    // takes 1.017x its time at 768 rows and 1.025x at 1024 (geomean over even splits and two random
+    // and two skewed draws of each of three shapes), 1.001x at 1536, 0.982x at 2048 and 0.970x at
+    // 3072 (sweep.py --models mixtral-8x7b,mixtral-8x22b,llama4-scout --projs down --draws 2;
+    // benchmarks/NOTES.md, "The sweep tables re-timed at the current code"). With (E, N, K) weights
+    // the same shapes lean that way by less than 1% at 768-1024 rows, within the draws' spread.
+    const bool few_experts_narrow_n_kn = fast_dram && problem.weight_layout == WeightLayout::kKN &&
+                                         problem.num_experts < 32 && problem.n < 16384 && problem.k >= 2560;
+    const int64_t few_experts_cooperative_rows = few_experts_narrow_n_kn ? 1536 : 768;
     const bool deferred_wins = defer_cooperative_stores(problem) &&
-                               (rows_per_expert >= 768 || problem.num_experts >= 32 || few_experts_wide_n_nk);
+                               (rows_per_expert >= few_experts_cooperative_rows || problem.num_experts >= 32 ||
+                                few_experts_wide_n_nk);
     // Slower DRAM favours the cooperative tile's single read of each weight tile at shallower K too:
     // on an H100 from K = 1408 (benchmarks/sweep_h100.json: 72 shapes of 96-192 rows per expert
     // among 60-256 experts, 2.5% faster in geomean, up to 21% on uneven splits, 1-4% slower on even

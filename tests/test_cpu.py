@@ -259,7 +259,8 @@ WIDE_TILE = "sm90_cooperative_wide_64x512x32_1x1x1"
 # per expert (bf16, K >= 256: it defers its stores), from 256 with 32 or more experts, and below with
 # deep K among many experts. The wide tile (fast DRAM, (E, K, N) weights, N padded no more by 512
 # columns than by 256) takes the cooperative tile's place below 256 rows among 32 or more experts,
-# and the pingpong tile's from 65 to 767 rows among fewer experts with N >= 16384.
+# and the pingpong tile's from 65 to 767 rows among fewer experts with N >= 16384. Fewer experts with
+# N < 16384 and K >= 2560 keep the pingpong tile up to 1535 rows.
 @pytest.mark.parametrize("t,e,n,k,expect", [
     (1024, 256, 4096, 7168, "sm90_pingpong_64x256x64_1x1x1"),       # dsv3-decode
     (64, 8, 28672, 4096, "sm90_pingpong_64x256x64_1x1x1"),          # mixtral-decode: 8 rows/expert
@@ -272,6 +273,9 @@ WIDE_TILE = "sm90_cooperative_wide_64x512x32_1x1x1"
     (4096, 16, 16384, 5120, WIDE_TILE),                             # seed001-llama4: 16 experts, 256 rows
     (3072, 8, 28672, 4096, WIDE_TILE),                              # Mixtral gate/up: 384 rows, 8 experts
     (4096, 8, 4096, 14336, "sm90_pingpong_64x256x64_1x1x1"),        # Mixtral down at 512 rows: N < 16384
+    (8192, 8, 4096, 14336, "sm90_pingpong_64x256x64_1x1x1"),        # Mixtral down at 1024 rows: N < 16384
+    (12288, 8, 4096, 14336, "sm90_cooperative_128x256x64_1x1x1"),   # Mixtral down at 1536 rows
+    (16384, 16, 5120, 8192, "sm90_pingpong_64x256x64_1x1x1"),       # Llama 4 Scout down at 1024 rows
     (24576, 8, 1024, 1024, "sm90_cooperative_128x256x64_1x1x1"),    # seed000-g8: 3072 rows/expert, K = 1024
     (30720, 12, 3072, 1024, "sm90_cooperative_128x256x64_1x1x1"),   # seed004-uniform: 2560 rows/expert
     (32768, 256, 4096, 7168, WIDE_TILE),                            # dsv3-prefill: deep K, 128 rows/expert
@@ -347,6 +351,11 @@ def test_heuristic_sees_the_weights_layout_and_the_dtype():
         "moe", "sm90_cooperative_128x256x64_1x1x1")
     assert cutlass_moe.select_config(4096, 8, 4096, 14336, device=-1, trans_b=True) == (
         "moe", "sm90_pingpong_64x256x64_1x1x1")  # Mixtral's down projection: N < 16384
+    # From 768 rows per expert Mixtral's down projection takes the cooperative tile with (E, N, K)
+    # weights, with (E, K, N) weights from 1536.
+    assert cutlass_moe.select_config(8192, 8, 4096, 14336, device=-1, trans_b=True) == (
+        "moe", "sm90_cooperative_128x256x64_1x1x1")
+    assert cutlass_moe.select_config(8192, 8, 4096, 14336, device=-1) == ("moe", "sm90_pingpong_64x256x64_1x1x1")
     # The cooperative tile defers its stores in bf16 only: fp16 at 256 rows per expert with K < 2560
     # keeps the pingpong tile (qwen3-30b-prefill's shape).
     assert cutlass_moe.select_config(32768, 128, 1536, 2048, device=-1) == ("moe", "sm90_cooperative_128x256x64_1x1x1")

@@ -69,8 +69,8 @@ KernelConfig select_config(const MoeGemmProblem& problem, Backend backend, int d
   if (backend == Backend::kMoe) {
     // The 64x256 pingpong tile pads each expert's last tile less and overlaps one tile's epilogue
     // with the next one's mainloop: it wins on decode, at K < 2560 below 256 rows per expert, and
-    // with few experts (< 32: Mixtral, Llama 4 Scout) below 768 rows, whose wide weights give every
-    // CTA many column tiles. The 128x256 cooperative tile reads each weight tile once per 128 rows:
+    // with few experts (< 32: Mixtral, Llama 4 Scout) below 768 rows (their (E, K, N) down
+    // projections below 1536), whose wide weights give every CTA many column tiles. The 128x256 cooperative tile reads each weight tile once per 128 rows:
     // it wins with deep K among many experts, and from a few hundred rows per expert on.
     // Measurements: benchmarks/sweep_h200.json.
     // The few-experts exception holds only where DRAM is fast: the pingpong tile reads each weight

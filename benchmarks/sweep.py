@@ -53,14 +53,35 @@ MODELS = {
 ROWS = (16, 64, 96, 128, 192, 256, 384, 512, 1024, 4096)  # average rows per expert
 SPLITS = ("uniform", "random", "skewed")  # the stored tables' splits (the default)
 # Also drawn on request (--splits): "aligned", random counts in whole 128-row tiles, as a layout that
-# pads each expert to 128 rows makes them (where auto may run the plan's aligned config).
-EXTRA_SPLITS = ("aligned",)
+# pads each expert to 128 rows makes them (where auto may run the plan's aligned config); and "hotP",
+# P percent of the rows (1-99) to one expert and the rest random, as "skewed" does with half ("hot50"),
+# to find the share of one hot expert from which another config leads.
+EXTRA_SPLITS = ("aligned", "hotP")
+
+
+def hot_share(split: str) -> Optional[float]:
+    """The hot expert's share of the rows for a "hotP" split (P percent, 1-99), else None."""
+    if not split.startswith("hot"):
+        return None
+    percent = split[3:]
+    if not percent.isdigit() or not 1 <= int(percent) <= 99:
+        raise ValueError(f"split: expected hotP with P a percent from 1 to 99, got {split!r}")
+    return int(percent) / 100
 
 
 def split_counts(num_experts: int, num_tokens: int, split: str, seed: int) -> torch.Tensor:
-    """Counts summing to num_tokens: even, random (the bench's recipe), one expert with half, or
-    random in whole 128-row tiles (the remainder of T / 128 to the last expert)."""
+    """Counts summing to num_tokens: even, random (the bench's recipe), one expert with half (or
+    with P percent: "hotP"), or random in whole 128-row tiles (the remainder of T / 128 to the last
+    expert)."""
     gen = torch.Generator().manual_seed(seed)
+    share = hot_share(split)
+    if share is not None:
+        hot = int(num_tokens * share)
+        weights = torch.rand(num_experts, generator=gen)
+        counts = (weights / weights.sum() * (num_tokens - hot)).to(torch.int64)
+        counts[int(torch.randint(num_experts, (1,), generator=gen))] += hot
+        counts[-1] += num_tokens - int(counts.sum())
+        return counts
     if split == "uniform":
         counts = torch.full((num_experts,), num_tokens // num_experts, dtype=torch.int64)
     elif split == "aligned":

@@ -670,6 +670,12 @@ def test_sweep_shapes_splits_and_summary(monkeypatch):
     aligned = sweep.split_counts(60, 60 * 256, "aligned", seed=3)
     assert int(aligned.sum()) == 60 * 256 and bool((aligned % 128 == 0).all()) and len(set(aligned.tolist())) > 1
     assert int(sweep.split_counts(60, 60 * 129, "aligned", seed=3)[:-1].remainder(128).sum()) == 0
+    # "hotP" (on request): one expert holds P percent of the rows, the rest are random.
+    hot = sweep.split_counts(60, 60 * 129, "hot10", seed=3)
+    assert int(hot.sum()) == 60 * 129 and bool((hot >= 0).all()) and int(hot.max()) >= 60 * 129 // 10
+    for bad in ("hot0", "hot100", "hotx"):
+        with pytest.raises(ValueError, match="hotP"):
+            sweep.split_counts(4, 64, bad, seed=0)
     shapes = list(sweep.shapes(["olmoe"], [16, 256], ["uniform"]))
     assert [(s["proj"], s["K"], s["N"], s["T"]) for s in shapes] == [
         ("gate_up", 2048, 2048, 1024), ("gate_up", 2048, 2048, 16384), ("down", 1024, 2048, 1024),

@@ -59,40 +59,36 @@ SPLITS = ("uniform", "random", "skewed")  # the stored tables' splits (the defau
 EXTRA_SPLITS = ("aligned", "hotP")
 
 
-def hot_share(split: str) -> Optional[float]:
-    """The hot expert's share of the rows for a "hotP" split (P percent, 1-99), else None."""
+def hot_percent(split: str) -> Optional[int]:
+    """The hot expert's percent of the rows: 50 for "skewed", P for "hotP" (1-99), 0 for "random",
+    None for the other splits."""
+    if split in ("random", "skewed"):
+        return 0 if split == "random" else 50
     if not split.startswith("hot"):
         return None
     percent = split[3:]
     if not percent.isdigit() or not 1 <= int(percent) <= 99:
         raise ValueError(f"split: expected hotP with P a percent from 1 to 99, got {split!r}")
-    return int(percent) / 100
+    return int(percent)
 
 
 def split_counts(num_experts: int, num_tokens: int, split: str, seed: int) -> torch.Tensor:
-    """Counts summing to num_tokens: even, random (the bench's recipe), one expert with half (or
-    with P percent: "hotP"), or random in whole 128-row tiles (the remainder of T / 128 to the last
-    expert)."""
+    """Counts summing to num_tokens: even, random (the bench's recipe), one expert with half
+    ("skewed") or with P percent ("hotP") and the rest random, or random in whole 128-row tiles (the
+    remainder of T / 128 to the last expert)."""
     gen = torch.Generator().manual_seed(seed)
-    share = hot_share(split)
-    if share is not None:
-        hot = int(num_tokens * share)
-        weights = torch.rand(num_experts, generator=gen)
-        counts = (weights / weights.sum() * (num_tokens - hot)).to(torch.int64)
-        counts[int(torch.randint(num_experts, (1,), generator=gen))] += hot
-        counts[-1] += num_tokens - int(counts.sum())
-        return counts
+    percent = hot_percent(split)
     if split == "uniform":
         counts = torch.full((num_experts,), num_tokens // num_experts, dtype=torch.int64)
     elif split == "aligned":
         tiles = torch.multinomial(torch.ones(num_experts), num_tokens // 128, replacement=True, generator=gen)
         counts = torch.bincount(tiles, minlength=num_experts).to(torch.int64) * 128
-    elif split in ("random", "skewed"):
+    elif percent is not None:
+        hot = num_tokens * percent // 100
         share = torch.rand(num_experts, generator=gen)
-        rest = num_tokens if split == "random" else num_tokens - num_tokens // 2
-        counts = (share / share.sum() * rest).to(torch.int64)
-        if split == "skewed":
-            counts[int(torch.randint(num_experts, (1,), generator=gen))] += num_tokens // 2
+        counts = (share / share.sum() * (num_tokens - hot)).to(torch.int64)
+        if hot:
+            counts[int(torch.randint(num_experts, (1,), generator=gen))] += hot
     else:
         raise ValueError(f"split: expected one of {SPLITS + EXTRA_SPLITS}, got {split!r}")
     counts[-1] += num_tokens - int(counts.sum())
@@ -104,7 +100,7 @@ PROJS = ("gate_up", "down")
 
 def shapes(models: List[str], rows: List[int], splits: List[str], draws: int = 1,
            projs: Iterable[str] = PROJS) -> Iterator[dict]:
-    """The sweep's rows in order; `draws` rows for each drawn split ("random", "skewed", "aligned"),
+    """The sweep's rows in order; `draws` rows for each drawn split (all but "uniform"),
     which the row's index seeds apart (main: split_counts(..., seed=i)). `projs`: the projections
     to keep, gate_up (K = hidden, N = 2 x intermediate) and down (K = intermediate, N = hidden)."""
     for name in projs:
@@ -191,7 +187,7 @@ def main() -> int:
     parser.add_argument("--splits", default=",".join(SPLITS))
     parser.add_argument("--projs", default=",".join(PROJS), help="projections to sweep: gate_up, down")
     parser.add_argument("--draws", type=int, default=1,
-                        help="rows per drawn split (random, skewed, aligned), each with its own counts: one draw "
+                        help="rows per drawn split (random, skewed, aligned, hotP), each with its own counts: one draw "
                              "can favour a config by a few percent")
     parser.add_argument("--out", default="sweep.json")
     parser.add_argument("--limit", type=int, default=0, help="stop after this many shapes (0: all)")

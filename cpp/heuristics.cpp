@@ -70,8 +70,9 @@ KernelConfig select_config(const MoeGemmProblem& problem, Backend backend, int d
     // The 64x256 pingpong tile pads each expert's last tile less and overlaps one tile's epilogue
     // with the next one's mainloop: it wins on decode, at K < 2560 below 256 rows per expert, and
     // with few experts (< 32: Mixtral, Llama 4 Scout) below 768 rows (their (E, K, N) down
-    // projections below 1536), whose wide weights give every CTA many column tiles. The 128x256 cooperative tile reads each weight tile once per 128 rows:
-    // it wins with deep K among many experts, and from a few hundred rows per expert on.
+    // projections below 1536), whose wide weights give every CTA many column tiles. The 128x256
+    // cooperative tile reads each weight tile once per 128 rows: it wins with deep K among many
+    // experts, and from a few hundred rows per expert on.
     // Measurements: benchmarks/sweep_h200.json.
     // The few-experts exception holds only where DRAM is fast: the pingpong tile reads each weight
     // tile twice as often, and on an H100 (3.35 TB/s) the cooperative tile is 8-20% faster there
@@ -98,8 +99,9 @@ KernelConfig select_config(const MoeGemmProblem& problem, Backend backend, int d
     // (benchmarks/aligned_split_bench.py --trans-b --seeds 3; benchmarks/NOTES.md, "The cooperative
     // tile from 256 rows with (E, N, K) weights"). At 192 rows it pads every expert's second tile
     // (1.21-1.24x on even splits; sweep_h200_nk.json).
+    const bool few_experts_fast_dram = fast_dram && problem.num_experts < 32;
     const bool few_experts_wide_n_nk =
-        fast_dram && problem.weight_layout == WeightLayout::kNK && problem.num_experts < 32 && problem.n >= 16384;
+        few_experts_fast_dram && problem.weight_layout == WeightLayout::kNK && problem.n >= 16384;
     // With (E, K, N) weights, few experts, N < 16384 and deep K (Mixtral's and Llama 4 Scout's down
     // projections) the pingpong tile still leads up to 1535 rows per expert: the cooperative tile
     // takes 1.017x its time at 768 rows and 1.025x at 1024 (geomean over even splits and two random
@@ -107,12 +109,13 @@ KernelConfig select_config(const MoeGemmProblem& problem, Backend backend, int d
     // 3072 (sweep.py --models mixtral-8x7b,mixtral-8x22b,llama4-scout --projs down --draws 2;
     // benchmarks/NOTES.md, "The sweep tables re-timed at the current code"). With (E, N, K) weights
     // the same shapes lean that way by less than 1% at 768-1024 rows, within the draws' spread.
-    const bool few_experts_narrow_n_kn = fast_dram && problem.weight_layout == WeightLayout::kKN &&
-                                         problem.num_experts < 32 && problem.n < 16384 && problem.k >= 2560;
-    const int64_t few_experts_cooperative_rows = few_experts_narrow_n_kn ? 1536 : 768;
-    const bool deferred_wins = defer_cooperative_stores(problem) &&
-                               (rows_per_expert >= few_experts_cooperative_rows || problem.num_experts >= 32 ||
-                                few_experts_wide_n_nk);
+    const bool few_experts_narrow_n_kn = few_experts_fast_dram && problem.weight_layout == WeightLayout::kKN &&
+                                         problem.n < 16384 && problem.k >= 2560;
+    // Rows per expert from which the cooperative tile wins where it defers its stores (which it
+    // does from 256 rows on: defer_cooperative_stores).
+    const int64_t deferred_from_rows =
+        problem.num_experts >= 32 || few_experts_wide_n_nk ? 0 : few_experts_narrow_n_kn ? 1536 : 768;
+    const bool deferred_wins = defer_cooperative_stores(problem) && rows_per_expert >= deferred_from_rows;
     // Slower DRAM favours the cooperative tile's single read of each weight tile at shallower K too:
     // on an H100 from K = 1408 (benchmarks/sweep_h100.json: 72 shapes of 96-192 rows per expert
     // among 60-256 experts, 2.5% faster in geomean, up to 21% on uneven splits, 1-4% slower on even

@@ -1,25 +1,17 @@
 """Scratch: does a runner's place in bench.median_of_rounds move its time? Times the bench's runners
-for each case twice: in the bench's order (ours = auto first) and with auto and moe:auto (the same
-launch where the plans agree) swapped, five rounds each. Run from outside the source tree:
+for each case three times: in the bench's order (ours = auto first), with auto and moe:auto (the
+same launch where the plans agree) swapped, and in the bench's order again, five rounds each. Run from outside the source tree:
 python3 order_probe.py CASES [ROUNDS]"""
-import statistics
 import sys
-
-import torch
 
 import cutlass_moe
 from cutlass_moe import bench
+from probe_data import case_data
 
 names = sys.argv[1].split(",")
 rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 5
-cases = {c["name"]: c for c in bench.load_cases()}
-counts_all = bench.case_counts(list(cases.values()))
 for name in names:
-    c, counts = cases[name], counts_all[name]
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    x = torch.randn(c["T"], c["K"], device="cuda", dtype=torch.bfloat16, generator=gen)
-    w = torch.randn(c["E"], c["K"], c["N"], device="cuda", dtype=torch.bfloat16, generator=gen) * c["K"] ** -0.5
-    cg = counts.to("cuda", torch.int32)
+    _, counts, x, w, cg = case_data(name)
     w_nk = w.transpose(1, 2).contiguous()
     auto = lambda: cutlass_moe.moe_gemm(x, w, cg)
     moe = lambda: cutlass_moe.moe_gemm(x, w, cg, backend="moe", config="auto")

@@ -9,15 +9,11 @@ import torch
 
 import cutlass_moe
 from cutlass_moe import bench
+from probe_data import case_data
 
 name = sys.argv[1] if len(sys.argv) > 1 else "dsv3-prefill"
 rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 4
-c = {c["name"]: c for c in bench.load_cases()}[name]
-counts = bench.case_counts([c])[name]
-gen = torch.Generator(device="cuda").manual_seed(0)
-x = torch.randn(c["T"], c["K"], device="cuda", dtype=torch.bfloat16, generator=gen)
-w = torch.randn(c["E"], c["K"], c["N"], device="cuda", dtype=torch.bfloat16, generator=gen) * c["K"] ** -0.5
-cg = counts.to("cuda", torch.int32)
+c, counts, x, w, cg = case_data(name)
 size = c["T"] * c["N"]
 offsets_mb = [0, 2, 32, 64, 96, 130, 192, 256]
 pool = torch.empty(size + max(offsets_mb) * 2**19 + 4096, dtype=torch.bfloat16, device="cuda")

@@ -9,16 +9,11 @@ import torch
 
 import cutlass_moe
 from cutlass_moe import bench
+from probe_data import case_data
 
 names, leads, rounds = sys.argv[1].split(","), [int(v) for v in sys.argv[2].split(",")], int(sys.argv[3])
-cases = {c["name"]: c for c in bench.load_cases()}
-counts_all = bench.case_counts(list(cases.values()))
 for name in names:
-    c, counts = cases[name], counts_all[name]
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    x = torch.randn(c["T"], c["K"], device="cuda", dtype=torch.bfloat16, generator=gen)
-    w = torch.randn(c["E"], c["K"], c["N"], device="cuda", dtype=torch.bfloat16, generator=gen) * c["K"] ** -0.5
-    cg = counts.to("cuda", torch.int32)
+    c, counts, x, w, cg = case_data(name)
     fn = lambda: cutlass_moe.moe_gemm(x, w, cg)
     ref = None
     for lead in leads:

@@ -377,24 +377,33 @@ def test_gpu_cooperative_deferred_stores(config, kind, trans_b, k):
     # slice per block, or for a gated tile one row half of a slice; the fused operands loaded before
     # the mainloop). Several tiles per CTA, N's last tile partial (N = 1056), K = 256 (one K block
     # per store step, none left, in the cooperative tile) and 392 (a partial last block); plain,
-    # fused without a bias (a bias seeds instead), and gated.
+    # fused (a bias seeds the accumulators, and the seeded tiles defer their stores as well), and
+    # gated, gpt-oss's form with its biases among them.
     if f"sm90:moe:bf16:{'nk' if trans_b else 'kn'}:{config}" not in cutlass_moe.built_configs():
         pytest.skip(f"{config} is not built for bf16 and this layout")
     t, n, e = 16384, 1056, 16
-    x, w, _, scale, counts = make(t, k, n, e, torch.bfloat16, "cuda", trans_b, seed=11, kind=kind)
+    x, w, bias, scale, counts = make(t, k, n, e, torch.bfloat16, "cuda", trans_b, seed=11, kind=kind)
     counts[1] = 0
     counts[-1] += t - 5 - int(counts.sum())
     kw = dict(trans_b=trans_b, backend="moe", config=config)
-    for activation, s in ((None, None), ("silu", None), (None, scale), ("gelu_tanh", scale)):
-        y = moe_gemm(x, w, counts.cuda(), activation=activation, row_scale=s, **kw)
-        check(y, moe_gemm_reference(x, w, counts, trans_b=trans_b, activation=activation, row_scale=s), counts, t)
+    for b, activation, s in ((None, None, None), (None, "silu", None), (None, None, scale), (None, "gelu_tanh", scale),
+                             (bias, None, None), (bias, "gelu_tanh", scale)):
+        y = moe_gemm(x, w, counts.cuda(), bias=b, activation=activation, row_scale=s, **kw)
+        want = moe_gemm_reference(x, w, counts, trans_b=trans_b, bias=b, activation=activation, row_scale=s)
+        check(y, want, counts, t)
     half = n // 2
     gate, up = (w[:, :half], w[:, half:]) if trans_b else (w[..., :half], w[..., half:])
     wg = cutlass_moe.interleave_gate_up(gate, up, dim=1 if trans_b else -1)
+    bg, bu = bias[:, :half], bias[:, half:]
+    bgu = cutlass_moe.interleave_gate_up(bg, bu)
     # Each gated slice is stored in two row halves, in two K blocks of the next tile.
-    for activation, s in (("silu", None), ("silu", scale), ("gelu_tanh", None)):
-        y = cutlass_moe.moe_gemm_gated(x, wg, counts.cuda(), activation=activation, row_scale=s, **kw)
-        check(y, separate_reference(x, gate, up, None, None, s, counts, activation, trans_b), counts, t)
+    for with_bias, activation, s in ((False, "silu", None), (False, "silu", scale), (False, "gelu_tanh", None),
+                                     (True, "swiglu_oai", None), (True, "silu", scale)):
+        y = cutlass_moe.moe_gemm_gated(x, wg, counts.cuda(), activation=activation, row_scale=s,
+                                       bias=bgu if with_bias else None, **kw)
+        want = separate_reference(x, gate, up, bg if with_bias else None, bu if with_bias else None, s, counts,
+                                  activation, trans_b)
+        check(y, want, counts, t)
 
 
 @gpu
@@ -403,7 +412,7 @@ def test_gpu_cooperative_deferred_stores(config, kind, trans_b, k):
 @pytest.mark.parametrize("config", ["sm90_cooperative_128x256x64_1x1x1", "sm90_cooperative_wide_64x512x32_1x1x1"])
 def test_gpu_cooperative_stores_scale_rows(config, dtype, trans_b):
     # Where the cooperative and wide tiles store right after the mainloop (fp16; bf16 with fewer
-    # than 256 rows per expert, or with a bias, which seeds), their epilogue's store() multiplies the
+    # than 256 rows per expert, a bias seeded or not), their epilogue's store() multiplies the
     # rows by their scale as it converts them; the fused pass runs only for what else there is (an
     # activation, an fp16 bias). About 125 rows per expert (a zero-token expert, one larger), N's last
     # tile partial, a partial last K block.

@@ -175,7 +175,7 @@ def test_cooperative_tile_halves_a_short_last_round(last_round, dtype, n, fused)
     # by CTAs c and L + c (sm90_moe_kernel.hpp, CooperativeUnits). Tile counts of 2G + L: the last
     # round holds partial tiles of 1 to 128 rows (a second half of no rows where the tile has <= 64),
     # after a zero-count expert; one (n = 256) or two column tiles, the second partial (n = 384);
-    # bf16 (stores deferred; with a bias, seeded) and fp16 (stored after each tile); with and without
+    # bf16 (stores deferred, a bias seeded) and fp16 (stored after each tile); with and without
     # a bias, activation and row scale; rows past the owned ones NaN-poisoned (out=) or zeroed
     # (a new output). "over_half" (L > G / 2) keeps whole tiles.
     skip_unless_built("moe", dtype, "kn", COOPERATIVE)

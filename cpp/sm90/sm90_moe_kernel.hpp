@@ -68,8 +68,8 @@ class MoeGemmKernel {
   // not: its seeded instances made ptxas serialize the WGMMAs (C7515), whatever moved the
   // converted bias into the accumulators; it adds the bias after the mainloop.
   static constexpr bool kSeedsBias = std::is_same_v<Element, cutlass::bfloat16_t>;
-  // Cooperative tiles: bf16 stores each tile while the next tile's first K blocks run (when it does
-  // not seed). fp16 stores each tile after its mainloop: its deferred stores drew C7515 as well.
+  // Cooperative tiles: bf16 stores each tile while the next tile's first K blocks run, seeded or
+  // not. fp16 stores each tile after its mainloop: its deferred stores drew C7515 as well.
   static constexpr bool kDefersStores = std::is_same_v<Element, cutlass::bfloat16_t>;
 
   static constexpr int kConsumers    = 2;                                        // math warp groups
@@ -562,8 +562,9 @@ class MoeGemmKernel {
     FusedOperands fused;  // loaded before the mainloop, which hides the loads' latency
     if (params.fused.enabled) fused = load_fused(params.fused, tile, mma_thread);
     if constexpr (kDeferStores) {
+      const bool seeded = seed_accumulators(params, accum, tile, mma_thread);
       mma_pipelined<CollectiveMainloop, kSlices, /*kHookAfterRelease=*/false>(
-          pipeline, read_state, accum, k_tiles, mma_thread, storage.tensors, /*accumulate=*/false,
+          pipeline, read_state, accum, k_tiles, mma_thread, storage.tensors, seeded,
           [&](int k_tile) { epilogue.store_slice(k_tile, held); }, [](int) {});
     } else {
       const bool seeded = seed_accumulators(params, accum, tile, mma_thread);
@@ -579,12 +580,12 @@ class MoeGemmKernel {
     // 1.046x to 1.028x its plain GEMM, gpt-oss's with its bias from 1.023x to 1.019x (benchmarks/
     // NOTES.md, twenty-second and twenty-third sessions). A gated tile whose fusion is the activation
     // alone gets it here, in a loop of its own, for the two that MoE layers use: SwiGLU where the
-    // stores are deferred (no bias), gpt-oss's with its bias seeded (never deferred).
+    // stores are deferred, gpt-oss's (its bias seeded) on both paths.
     const bool scale_in_epilogue = !params.fused.gated && params.fused.row_scale != nullptr;
     const int gated_alone = params.fused.gated_alone;
     if (kDeferStores && gated_alone == static_cast<int>(Activation::kSilu)) {
       params.fused.template gated_pairs<Activation::kSilu, 2 * kPairs>(accum);
-    } else if (!kDeferStores && gated_alone == static_cast<int>(Activation::kSwigluOai)) {
+    } else if (gated_alone == static_cast<int>(Activation::kSwigluOai)) {
       params.fused.template gated_pairs<Activation::kSwigluOai, 2 * kPairs>(accum);
     } else if (params.fused.enabled && (!scale_in_epilogue || params.fused.needs_pass_besides_row_scale())) {
       apply_fused(params.fused, accum, fused, tile, mma_thread, /*with_row_scale=*/!scale_in_epilogue);
@@ -598,10 +599,11 @@ class MoeGemmKernel {
 
   // A cooperative consumer's tiles. kDeferStores: each tile's outputs wait in registers (`held`)
   // and are stored while the next tile's first K blocks run, one slice per block
-  // (sm90_moe_epilogue.hpp). Otherwise each tile is stored right after its mainloop, and the
-  // accumulators may be seeded (the registers cannot hold a tile's outputs and seeded
-  // accumulators at once). The units are the producer's (UnitRecords). Returns the end of the owned
-  // rows (zero_unowned).
+  // (sm90_moe_epilogue.hpp). Otherwise each tile is stored right after its mainloop. Either way the
+  // accumulators may be seeded with a bf16 bias: seeding where the stores are deferred took gpt-oss's
+  // projections at 512 rows per expert from 1.05-1.06x their plain GEMM to 1.005-1.02x
+  // (benchmarks/NOTES.md, thirty-third session). The units are the producer's (UnitRecords). Returns
+  // the end of the owned rows (zero_unowned).
   template <bool kDeferStores>
   CUTLASS_DEVICE static int cooperative_tiles(Params const& params, SharedStorage& storage, Pipeline& pipeline,
                                               UnitRecords& units, CollectiveEpilogue& epilogue, int k_tiles,
@@ -741,8 +743,7 @@ CUTLASS_DEVICE void MoeGemmKernel<Element, LayoutB, Config, Fusion>::operator()(
       const int mma_thread = threadIdx.x - cutlass::NumThreadsPerWarpGroup;  // both consumers: 0..255
       CollectiveEpilogue epilogue(params.epilogue, storage.epilogue, consumer, mma_thread, group_thread);
       int owned_rows_end;
-      if (kDefersStores && params.defer_stores && k_tiles >= CollectiveEpilogue::kSlices &&
-          !(kSeedsBias && params.fused.seed_bias)) {
+      if (kDefersStores && params.defer_stores && k_tiles >= CollectiveEpilogue::kSlices) {
         owned_rows_end = wide_tiles</*kDeferStores=*/true>(params, storage, pipeline, units, epilogue, k_tiles,
                                                            consumer, mma_thread);
       } else {
@@ -755,11 +756,10 @@ CUTLASS_DEVICE void MoeGemmKernel<Element, LayoutB, Config, Fusion>::operator()(
       const int mma_thread = threadIdx.x - cutlass::NumThreadsPerWarpGroup;  // both consumers: 0..255
       CollectiveEpilogue epilogue(params.epilogue, storage.epilogue, consumer, mma_thread, group_thread);
       int owned_rows_end;
-      // Two loops, so that each has the registers to itself: a launch seeds its accumulators
-      // (bf16 with a bias) or defers its stores into the next tile's mainloop, never both.
+      // Two loops, so that each has the registers to itself: one defers each tile's stores into the
+      // next tile's mainloop (bf16: defer_cooperative_stores), the other stores after the mainloop.
       // Deferred stores need a K block per slice (kSlices), which every MoE layer has (K >= 256).
-      if (kDefersStores && params.defer_stores && k_tiles >= CollectiveEpilogue::kSlices &&
-          !(kSeedsBias && params.fused.seed_bias)) {
+      if (kDefersStores && params.defer_stores && k_tiles >= CollectiveEpilogue::kSlices) {
         owned_rows_end = cooperative_tiles</*kDeferStores=*/true>(params, storage, pipeline, units, epilogue, k_tiles,
                                                                   mma_thread);
       } else {

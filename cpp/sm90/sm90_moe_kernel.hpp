@@ -561,13 +561,12 @@ class MoeGemmKernel {
     Tensor accum = partition_fragment_C(TiledMma{}, take<0, 2>(TileShape{}));
     FusedOperands fused;  // loaded before the mainloop, which hides the loads' latency
     if (params.fused.enabled) fused = load_fused(params.fused, tile, mma_thread);
+    const bool seeded = seed_accumulators(params, accum, tile, mma_thread);
     if constexpr (kDeferStores) {
-      const bool seeded = seed_accumulators(params, accum, tile, mma_thread);
       mma_pipelined<CollectiveMainloop, kSlices, /*kHookAfterRelease=*/false>(
           pipeline, read_state, accum, k_tiles, mma_thread, storage.tensors, seeded,
           [&](int k_tile) { epilogue.store_slice(k_tile, held); }, [](int) {});
     } else {
-      const bool seeded = seed_accumulators(params, accum, tile, mma_thread);
       mainloop_mma(params, pipeline, read_state, accum, seeded, k_tiles, mma_thread, storage.tensors);
     }
     mainloop.mma_tail(pipeline, read_state, k_tiles);

@@ -639,12 +639,13 @@ def _loop_gated(x, w, bias, activation):
 @pytest.mark.parametrize("gated", [False, True], ids=["plain", "gated"])
 @pytest.mark.parametrize("layout", ["kn", "nk"])
 @pytest.mark.parametrize("dtype", [BF16, FP16], ids=str)
-@pytest.mark.parametrize("shape", [(1, 3, 64, 128), (300, 5, 192, 256), (37, 12, 128, 128)],
-                         ids=["B1", "ragged", "G12"])
+@pytest.mark.parametrize("shape", [(1, 3, 64, 128), (300, 5, 192, 256), (37, 12, 128, 128), (320, 4, 320, 512)],
+                         ids=["B1", "ragged", "G12", "deferred"])
 def test_interleaved_kernel_cuda(shape, dtype, layout, gated):
     # Every built sm90 moe config (the pingpong and the cooperative epilogue), with and without a
     # bias, on x read in place from a wider tensor (group stride > K) into a given out whose
-    # neighbouring columns must stay untouched, against the float32 loop, group by group.
+    # neighbouring columns must stay untouched, against the float32 loop, group by group. "deferred"
+    # (320 rows per group, K 320) is where bf16 cooperative tiles defer their stores, the bias seeded.
     from conftest import is_built, runs_here
     from cutlass_moe.grouped_linear import _interleaved_linear, _interleaved_takes
     if not runs_here("moe") or not is_built("moe", dtype, layout):

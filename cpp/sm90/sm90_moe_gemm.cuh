@@ -51,10 +51,10 @@ void MoeGemmInstance<kDType, kLayout, kConfig>::run(const MoeGemmProblem& p, voi
   args.counts_are_int64 = p.count_type == IndexType::kInt64;
   args.zero_unowned = p.zero_unowned && !interleaved;  // interleaved groups own every row
   if (interleaved) args.groups = {static_cast<int>(p.group_rows), p.x_group_stride, p.out_group_stride};
-  // A seeded bf16 bias defers its stores as well, with the experts' rows sorted (measured and
-  // GPU-tested). Interleaved groups with a bias (GroupedLinear) still store after each tile: no GPU
-  // test has run them with deferred stores yet (benchmarks/NOTES.md, thirty-third session).
-  args.defer_stores = defer_cooperative_stores(p) && !(interleaved && args.fused.seed_bias);
+  // A seeded bf16 bias keeps the deferred stores, sorted rows and interleaved groups alike
+  // (GroupedLinear with a bias at PR #263's shape: 1.071x -> 1.062x its call without a bias;
+  // benchmarks/NOTES.md, thirty-fourth session).
+  args.defer_stores = defer_cooperative_stores(p);
   args.split_gate = interleaved ? SplitGate::kAlways : p.split_gate;
   // The cooperative tile halves a short last round (sm90_moe_kernel.hpp, CooperativeUnits): 1-3%
   // faster at 800-1100 tiles of few experts (benchmarks/NOTES.md). It costs each role a walk over

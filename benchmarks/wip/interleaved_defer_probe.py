@@ -1,16 +1,15 @@
 """Scratch A/B: interleaved groups (GroupedLinear) with a bf16 bias, whose bias seeds the accumulators,
 with deferred stores (the new rule) against stores after each tile (CUTLASS_MOE_SCRATCH_OLD_RULE=1,
-the rule before). Each biased call against the same kernel's call without a bias; five alternating
-rounds; the two rules' outputs checked bitwise equal. The switch is a scratch line in
+the rule before). Each biased call against the same kernel's call without a bias; alternating
+rounds (default 5); the two rules' outputs checked bitwise equal. The switch is a scratch line in
 sm90_moe_gemm.cuh, not on main. Run from outside the source tree:
 python3 interleaved_defer_probe.py [ROUNDS]"""
-import os
 import sys
 
 import torch
 
-from cutlass_moe import bench
 from cutlass_moe.grouped_linear import _interleaved_linear, _interleaved_takes, grouped_linear
+from probe_data import switch_ab
 
 rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 5
 torch.manual_seed(0)
@@ -36,34 +35,4 @@ x3, w3, b3 = shape(512, 32, 2048, 2048)
 runs["B512 G32 linear, plain"] = lambda: _interleaved_linear(x3, w3, None)
 runs["B512 G32 linear, bias"] = lambda: _interleaved_linear(x3, w3, b3)
 
-timed = {}
-for name, fn in runs.items():
-    os.environ.pop(SWITCH, None)
-    new = fn().clone()
-    os.environ[SWITCH] = "1"
-    old = fn()
-    torch.cuda.synchronize()
-    assert torch.equal(new, old), name
-    if "plain" in name:
-        timed[name] = fn
-    else:
-        timed[name + " [old]"] = fn
-        timed[name + " [new]"] = fn
-os.environ.pop(SWITCH, None)
-del new, old
-
-
-def runner(name, fn):
-    def run():
-        if name.endswith("[old]"):
-            os.environ[SWITCH] = "1"
-        else:
-            os.environ.pop(SWITCH, None)
-        return fn()
-    return run
-
-
-med = bench.median_of_rounds({k: runner(k, f) for k, f in timed.items()}, rounds)
-for k, v in med.items():
-    plain = [p for p in med if p.startswith(k.split(",")[0]) and "plain" in p][0]
-    print(f"{k:52s} {v:.4f} ms  / plain {v / med[plain]:.3f}", flush=True)
+switch_ab(runs, SWITCH, rounds)

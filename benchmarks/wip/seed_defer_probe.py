@@ -5,14 +5,13 @@ Each fused op against the same kernel's plain GEMM, alternating rounds; outputs 
 checked bitwise equal. Run from outside the source tree: python3 seed_defer_probe.py [ROUNDS]. The switch was a scratch
 line in sm90_moe_gemm.cuh (args.defer_stores = false where a bias seeds), not on main: without it
 both rules run the new one."""
-import os
-import statistics
 import sys
 
 import torch
 
 import cutlass_moe
 from cutlass_moe import bench
+from probe_data import switch_ab
 
 rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 5
 torch.manual_seed(0)
@@ -38,33 +37,4 @@ x3, w3, b3, c3, s3 = shape(8192, 8, 14336, 4096)
 runs["mixtral down, plain"] = lambda: cutlass_moe.moe_gemm(x3, w3, c3)
 runs["mixtral down, bias"] = lambda: cutlass_moe.moe_gemm(x3, w3, c3, bias=b3)
 
-timed = {}
-for name, fn in runs.items():
-    os.environ.pop("CUTLASS_MOE_SEED_NO_DEFER", None)
-    new = fn().clone()
-    os.environ["CUTLASS_MOE_SEED_NO_DEFER"] = "1"
-    old = fn()
-    torch.cuda.synchronize()
-    assert torch.equal(new, old), name
-    if "plain" in name:
-        timed[name] = fn
-    else:
-        timed[name + " [old]"] = fn
-        timed[name + " [new]"] = fn
-del new, old
-
-
-def runner(name, fn):
-    def run():
-        if name.endswith("[old]"):
-            os.environ["CUTLASS_MOE_SEED_NO_DEFER"] = "1"
-        else:
-            os.environ.pop("CUTLASS_MOE_SEED_NO_DEFER", None)
-        return fn()
-    return run
-
-
-med = bench.median_of_rounds({k: runner(k, f) for k, f in timed.items()}, rounds)
-for k, v in med.items():
-    plain = [p for p in med if p.startswith(k.split(",")[0]) and "plain" in p][0]
-    print(f"{k:52s} {v:.4f} ms  / plain {v / med[plain]:.3f}", flush=True)
+switch_ab(runs, "CUTLASS_MOE_SEED_NO_DEFER", rounds)

@@ -37,6 +37,7 @@
 #include "sm90/sm90_moe_descriptors.hpp"
 #include "sm90/sm90_moe_epilogue.hpp"
 #include "sm90/sm90_mma_loop.hpp"
+#include "sm90/sm90_tile_records.hpp"
 #include "split_gate.hpp"
 #include "zero_fill.cuh"
 
@@ -92,12 +93,12 @@ class MoeGemmKernel {
     int half;            // CooperativeUnit::half
     int owned_rows_end;  // the last record (tile not valid): the scheduler's owned_rows_end()
   };
+  // The ring that hands them over (sm90_tile_records.hpp): it took 2.3% of the cycles and 1.7% of the
+  // sustained time off PR #263's shape (benchmarks/NOTES.md, "The producer hands the units to the
+  // consumers"). The last record has no valid tile and carries the end of the owned rows.
   static constexpr int kUnitRecords = 8;  // more than any stage count: the ring never holds the producer back
-  using UnitPipeline = cutlass::PipelineAsync<kUnitRecords>;
-  struct UnitStorage {
-    alignas(16) typename UnitPipeline::SharedStorage pipeline;
-    UnitRecord record[kUnitRecords];
-  };
+  using UnitRecords = TileRecords<UnitRecord, kUnitRecords, kConsumers * cutlass::NumWarpsPerWarpGroup>;
+  using UnitStorage = typename UnitRecords::SharedStorage;
   // The pingpong tile's consumers take alternate tiles and walk them themselves: no records.
   struct NoUnitStorage {};
   using UnitsStorage = std::conditional_t<kPingpong, NoUnitStorage, UnitStorage>;
@@ -401,64 +402,6 @@ class MoeGemmKernel {
     int64_t index_;
   };
 
-  // The cooperative and wide tiles' units, handed from the producer warp to both consumers through
-  // shared memory: a ring of kUnitRecords records behind a PipelineAsync (lane 0 of the producer
-  // fills a record, one lane of each consumer warp frees it). The producer walks the scheduler, and
-  // writes each unit as soon as it has found it, right after the previous tile's last loads. A
-  // consumer's step between two tiles is then a wait that has long completed and a read of shared
-  // memory. When each of the eight consumer warps walked a scheduler of its own, the step took about
-  // 870 cycles per tile with the tensor cores idle; handing the units over took 2.3% of the cycles
-  // and 1.7% of the sustained time off PR #263's shape (benchmarks/NOTES.md, "The producer hands the
-  // units to the consumers"). The last record has no valid tile and carries the end of the owned
-  // rows. The pingpong tile's consumers take alternate tiles and keep their own walk: its kernels
-  // have no ring (NoUnitRecords).
-  class UnitRecords {
-   public:
-    static constexpr uint32_t kConsumerWarps = kConsumers * cutlass::NumWarpsPerWarpGroup;
-
-    CUTLASS_DEVICE UnitRecords(UnitStorage& storage, bool is_producer, bool is_consumer)
-        : pipeline_(storage.pipeline, pipeline_params(is_producer, is_consumer)),
-          records_(storage.record),
-          state_(is_producer ? cutlass::make_producer_start_state<UnitPipeline>()
-                             : typename UnitPipeline::PipelineState{}) {}
-
-    // The producer warp, every lane: each unit as found, then the invalid one after the last.
-    CUTLASS_DEVICE void put(CooperativeUnit const& unit, Scheduler const& scheduler) {
-      const int owned_rows_end = unit.tile.valid ? 0 : scheduler.owned_rows_end();  // warp-wide
-      pipeline_.producer_acquire(state_);
-      if (cute::elect_one_sync()) {
-        records_[state_.index()] = {unit.tile, unit.half, owned_rows_end};
-        pipeline_.producer_commit(state_);
-      }
-      __syncwarp();
-      ++state_;
-    }
-
-    // A consumer warp, every lane: the next unit.
-    CUTLASS_DEVICE UnitRecord take() {
-      pipeline_.consumer_wait(state_);
-      const UnitRecord record = records_[state_.index()];
-      __syncwarp();  // every lane has read the record before it is freed
-      if (cute::elect_one_sync()) pipeline_.consumer_release(state_);
-      ++state_;
-      return record;
-    }
-
-   private:
-    CUTLASS_DEVICE static typename UnitPipeline::Params pipeline_params(bool is_producer, bool is_consumer) {
-      typename UnitPipeline::Params params;
-      params.role = is_producer   ? UnitPipeline::ThreadCategory::Producer
-                    : is_consumer ? UnitPipeline::ThreadCategory::Consumer
-                                  : UnitPipeline::ThreadCategory::NonParticipant;
-      params.producer_arv_count = 1;
-      params.consumer_arv_count = kConsumerWarps;
-      return params;
-    }
-
-    UnitPipeline pipeline_;
-    UnitRecord* records_;
-    typename UnitPipeline::PipelineState state_;
-  };
   // The pingpong tile's stand-in for UnitRecords: no shared memory, no barriers.
   struct NoUnitRecords {
     CUTLASS_DEVICE NoUnitRecords(NoUnitStorage&, bool, bool) {}
@@ -693,7 +636,8 @@ CUTLASS_DEVICE void MoeGemmKernel<Element, LayoutB, Config, Fusion>::operator()(
     if (!kPingpong && !kWide && params.halve_last_round) walk.plan(scheduler, storage.half_tile);
     while (true) {
       const CooperativeUnit unit = walk.next(scheduler, storage.half_tile);
-      if constexpr (!kPingpong) units.put(unit, scheduler);
+      // The last record (no valid tile) carries the end of the owned rows (a warp-wide read).
+      if constexpr (!kPingpong) units.put({unit.tile, unit.half, unit.tile.valid ? 0 : scheduler.owned_rows_end()});
       MoeTile const& tile = unit.tile;
       if (!tile.valid) break;
       // x: the tile's rows [first_row, first_row + rows) are the box at (kTileM - rows, k,

@@ -8,7 +8,8 @@
 //   - tiles: E x ceil(M / kTileM) x ceil(N / kTileN), a static set; ExpertTileScheduler with
 //     FixedRowTiles numbers them expert-major and finds each tile's expert rows on the device, so
 //     the CTAs reading one expert's rows of x and grad_out run together (L2 reuse). Inside an
-//     expert the host picks the order (Arguments::n_fastest, sm90_wgrad_moe.cuh);
+//     expert the host picks the order (Arguments::n_fastest, sm90_wgrad_moe.cuh). The producer
+//     warp walks the scheduler and hands each tile to the consumers (TileRecords);
 //   - mainloop: CUTLASS's sm90 warp-specialized collective (its pipeline, shared memory and mma()).
 //     Each operand is read through one ragged TMA view along T (below), so a K block loads exactly
 //     its expert's rows and zero-fills the rest without reading it; the producer issues the boxes
@@ -47,6 +48,7 @@
 #include "sm90/sm90_common.cuh"
 #include "sm90/sm90_mma_loop.hpp"
 #include "sm90/sm90_moe_epilogue.hpp"
+#include "sm90/sm90_tile_records.hpp"
 
 namespace cutlass_moe::sm90 {
 
@@ -243,13 +245,17 @@ class MoeWgradKernel {
       TileShape, ClusterShape, cutlass::gemm::collective::StageCount<2>,
       typename Config::MoeMainloopSchedule>::CollectiveOp::TiledMma;
   using CollectiveEpilogue = WgradTmaStoreEpilogue<ElementOut, TiledMma, kTileM, kTileN>;
+  // The tiles, from the producer warp to both consumers. An expert's tiles of dW take one stage per
+  // K block and none without rows, so the ring holds the producer back only across empty experts.
+  using Records = TileRecords<MoeTile, /*kRecords=*/8, kConsumers * cutlass::NumWarpsPerWarpGroup>;
   using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
       Element, LayoutA, kAlignment,
       Element, LayoutB, kAlignment,
       ElementAccumulator,
       TileShape, ClusterShape,
-      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage))>,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
+          sizeof(typename CollectiveEpilogue::SharedStorage) + sizeof(typename Records::SharedStorage))>,
       typename Config::MoeMainloopSchedule
     >::CollectiveOp;
   static_assert(std::is_same_v<TiledMma, typename CollectiveMainloop::TiledMma>);
@@ -261,6 +267,7 @@ class MoeWgradKernel {
     typename CollectiveMainloop::TensorStorage tensors;
     typename CollectiveEpilogue::SharedStorage epilogue;
     alignas(16) typename CollectiveMainloop::PipelineStorage pipeline;
+    typename Records::SharedStorage records;
   };
   static constexpr int SharedStorageSize = static_cast<int>(sizeof(SharedStorage));
 
@@ -387,14 +394,12 @@ CUTLASS_DEVICE void MoeWgradKernel<Element, ElementOut, Config>::operator()(Para
   pipeline_params.num_consumers = kConsumers * cutlass::NumThreadsPerWarpGroup;
   pipeline_params.transaction_bytes = params.mainloop.tma_transaction_bytes;
   Pipeline pipeline(storage.pipeline, pipeline_params, ClusterShape{});
+  Records records(storage.records, is_producer, warp_group > 0);
 
   __syncthreads();  // barrier initialization is visible to every warp
 
-  Scheduler scheduler(params.scheduler);
   Mainloop mainloop;
   const WgradProblemShape& p = params.problem;
-  const int64_t first = blockIdx.x;
-  const int64_t grid = gridDim.x;
   auto k_blocks = [](MoeTile const& tile) { return (tile.rows + kTileK - 1) / kTileK; };
   // MMA steps of the tile's last K block that reach its rows (the block's first rows, zeros after).
   auto last_k_steps = [](MoeTile const& tile, int blocks) {
@@ -405,6 +410,10 @@ CUTLASS_DEVICE void MoeWgradKernel<Element, ElementOut, Config>::operator()(Para
   if (warp_group == 0) {
     cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();
     if (!is_producer) return;
+    // CTA c of G takes tiles c, c + G, ...
+    Scheduler scheduler(params.scheduler);
+    const int64_t first = blockIdx.x;
+    const int64_t grid = gridDim.x;
     Tensor mA = params.mainloop.tma_load_a.get_tma_tensor(make_shape(p.m, Int<kTileK>{}, p.num_tokens + 1));
     Tensor mB = params.mainloop.tma_load_b.get_tma_tensor(make_shape(p.n, Int<kTileK>{}, p.num_tokens + 1));
     Tensor sA = make_tensor(make_smem_ptr(storage.tensors.smem_A.data()), typename Mainloop::SmemLayoutA{});
@@ -416,7 +425,8 @@ CUTLASS_DEVICE void MoeWgradKernel<Element, ElementOut, Config>::operator()(Para
     const bool elected = cute::elect_one_sync();
     auto write_state = cutlass::make_producer_start_state<Pipeline>();
     for (int64_t index = first;; index += grid) {
-      MoeTile tile = scheduler.tile(index);
+      const MoeTile tile = scheduler.tile(index);
+      records.put(tile);  // the invalid one after the last, too: it ends the consumers' loops
       if (!tile.valid) break;
       // Each box's first row (A) or column (B) of dW, to spot the boxes wholly past M or N.
       Tensor tAcA = tma_a.partition_S(local_tile(make_identity_tensor(make_shape(p.m, Int<kTileK>{})),
@@ -457,8 +467,8 @@ CUTLASS_DEVICE void MoeWgradKernel<Element, ElementOut, Config>::operator()(Para
       // one slice per block, the slices left with the last block (so a tile of one or two blocks
       // stores them all during its MMAs).
       auto held = CollectiveEpilogue::Held::make_registers(partition_fragment_C(tiled_mma, take<0, 2>(TileShape{})));
-      for (int64_t index = first;; index += grid) {
-        MoeTile tile = scheduler.tile(index);
+      while (true) {
+        const MoeTile tile = records.take();
         if (!tile.valid) break;
         const int blocks = k_blocks(tile);
         if (blocks == 0) {  // an expert with no rows: dW[e] = 0
@@ -477,8 +487,8 @@ CUTLASS_DEVICE void MoeWgradKernel<Element, ElementOut, Config>::operator()(Para
       }
       epilogue.store_all(held);
     } else {
-      for (int64_t index = first;; index += grid) {
-        MoeTile tile = scheduler.tile(index);
+      while (true) {
+        const MoeTile tile = records.take();
         if (!tile.valid) break;
         const int blocks = k_blocks(tile);
         if (blocks == 0 && params.epilogue.accumulate) continue;  // adds nothing: dW[e] is left as it is

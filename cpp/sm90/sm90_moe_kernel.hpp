@@ -181,7 +181,7 @@ class MoeGemmKernel {
     HalfTileSlot half_tile;
     UnitsStorage units;
   };
-  static_assert(kUnitRecords > CollectiveMainloop::DispatchPolicy::Stages);
+  static_assert(UnitRecords::kCapacity > CollectiveMainloop::DispatchPolicy::Stages);
   static constexpr int SharedStorageSize = static_cast<int>(sizeof(SharedStorage));
 
   // What the host knows. Leading dimensions and strides are in elements.

@@ -8,9 +8,9 @@
 // step between two tiles is a wait that completed long before and a read of shared memory.
 //
 // The ring: kRecords records behind a cutlass::PipelineAsync. Lane 0 of the producer warp fills a
-// record; one lane of each of the kConsumerWarps consumer warps frees it. With more records than
-// pipeline stages, the ring never holds the producer back: the producer is at most a stage count of
-// K blocks, so fewer tiles, ahead of the consumers.
+// record; one lane of each of the kConsumerWarps consumer warps frees it. The producer runs at most
+// a stage count of K blocks ahead of the consumers, so with more records than stages the ring holds
+// it back only where tiles without K blocks pile up (the wgrad's experts with no rows).
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -22,6 +22,7 @@ namespace cutlass_moe::sm90 {
 template <class Record, int kRecords, int kConsumerWarps>
 class TileRecords {
  public:
+  static constexpr int kCapacity = kRecords;
   using Pipeline = cutlass::PipelineAsync<kRecords>;
   struct SharedStorage {
     alignas(16) typename Pipeline::SharedStorage pipeline;

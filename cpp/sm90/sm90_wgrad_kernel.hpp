@@ -259,6 +259,7 @@ class MoeWgradKernel {
       typename Config::MoeMainloopSchedule
     >::CollectiveOp;
   static_assert(std::is_same_v<TiledMma, typename CollectiveMainloop::TiledMma>);
+  static_assert(Records::kCapacity > CollectiveMainloop::DispatchPolicy::Stages);
   using Pipeline      = typename CollectiveMainloop::MainloopPipeline;
   using PipelineState = typename CollectiveMainloop::PipelineState;
   using Scheduler     = ExpertTileScheduler<FixedRowTiles>;

@@ -1,15 +1,21 @@
 """Reads the wgrad kernel's per-tile clock64() trace (benchmarks/wip/wgrad_tile_trace.patch: CTA 0's
 first 64 tiles, lane 0 of each consumer and the producer; the bf16 -> bf16 cooperative instance).
 
-Build (a reduced build is enough):
+Build (a reduced build is enough; the stamps may cost spills, so ptxas warnings must not fail it):
   git apply benchmarks/wip/wgrad_tile_trace.patch
   pip install --no-index --no-deps --no-build-isolation -C cmake.define.CUTLASS_MOE_DTYPES=kBFloat16 \
-      -C cmake.define.CUTLASS_MOE_WEIGHT_LAYOUTS=kKN .
+      -C cmake.define.CUTLASS_MOE_WEIGHT_LAYOUTS=kKN -C cmake.define.CUTLASS_MOE_PTXAS_WERROR=OFF .
+  The patch's scratch macro CUTLASS_MOE_WGRAD_BUFFERS sets the wgrad's store buffers per consumer
+  (default 4): CUDAFLAGS=-DCUTLASS_MOE_WGRAD_BUFFERS=5 before the build.
+The consumer's point 7 and the stage() calls' points 6 and 7 were added after the thirty-fifth
+session's runs (benchmarks/NOTES.md): compiled, not yet run.
 Run (from outside the source tree): python3 wgrad_tile_trace.py [E,T,K,N ...] [--case NAME ...]
-Consumer points per tile: 0 loop top, 1 the tile's record taken, 2 block 0's hook entered (its MMAs
-issued), 3 the hook done (slice 0 of the held tile staged), 4 every block issued, 5 mma_tail done,
-6 hold() done. Producer points: 0 loop top, 1 tile found, 2 block 0's stage acquired, 3 the last
-block's stage acquired.
+Consumer points per tile: 0 loop top, 1 the tile's record taken, 7 mma_pipelined entered, 2 block 0's
+hook entered (its MMAs issued), 3 the hook done (slice 0 of the held tile staged), 4 every block
+issued, 5 mma_tail done, 6 hold() done. Per stage() call (thread 0 of each consumer): 6 store_slice
+entered, 7 stage() about to be called, 0 stage() entered, 1 store wait done, 2 barrier, 3 staged,
+4 fence and barrier, 5 the TMA store issued. Producer points: 0 loop top, 1 tile found, 2 block 0's
+stage acquired, 3 the last block's stage acquired.
 """
 import ctypes
 import glob
@@ -66,6 +72,7 @@ def run(label, t, e, k, n, counts, fns):
             print(f"  stage() of consumer {c}, thread 0, medians over {len(calls)} slices: store wait {seg(0, 1):.0f}, "
                   f"barrier {seg(1, 2):.0f}, stmatrix {seg(2, 3):.0f}, fence + barrier {seg(3, 4):.0f}, "
                   f"issue {seg(4, 5):.0f}, whole {seg(0, 5):.0f}")
+            print(f"    store_slice() before stage(): {seg(6, 7):.0f}; stage() entry to its first stamp: {seg(7, 0):.0f}")
     at = lambda role, tile, point: buf[(role * 64 + tile) * 8 + point]
     tiles = [i for i in range(64) if at(0, i, 6) and at(1, i, 6) and at(0, i + 1 if i < 63 else i, 0)]
     tiles = [i for i in tiles if i + 1 < 64 and at(0, i + 1, 0)]
@@ -74,7 +81,8 @@ def run(label, t, e, k, n, counts, fns):
     for c in (0, 1):
         parts = {
             "take the tile": [at(c, i, 1) - at(c, i, 0) for i in mid],
-            "to block 0 issued": [at(c, i, 2) - at(c, i, 1) for i in mid],
+            "to mma_pipelined": [at(c, i, 7) - at(c, i, 1) for i in mid],
+            "to block 0 issued": [at(c, i, 2) - at(c, i, 7) for i in mid],
             "block 0 hook": [at(c, i, 3) - at(c, i, 2) for i in mid],
             "blocks 1.. issued": [at(c, i, 4) - at(c, i, 3) for i in mid],
             "mma_tail": [at(c, i, 5) - at(c, i, 4) for i in mid],

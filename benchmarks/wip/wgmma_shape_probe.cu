@@ -20,7 +20,9 @@
 // Build (on the GPU machine, CUTLASS headers from the wheel):
 //   C=$(python3 -c "import cutlass_library,os;print(os.path.dirname(cutlass_library.__file__))")/source/include
 //   nvcc -std=c++17 -O3 -arch=sm_90a --expt-relaxed-constexpr -I$C -o /tmp/probe benchmarks/wip/wgmma_shape_probe.cu
-// Run: /tmp/probe [--tma] [--rounds 3] [--heat-s 1.0] [--seconds 1.0]
+// Run: /tmp/probe [--tma] [--tiles] [--rounds 3] [--heat-s 1.0] [--seconds 1.0]
+// The continuous and tiled SS loops share one K-block body since the thirty-fifth session's runs
+// (the same instructions; compiled, not re-run): benchmarks/NOTES.md has the numbers.
 #include <cuda_runtime.h>
 
 #include <chrono>
@@ -161,14 +163,17 @@ probe_kernel(long iters, int chunks, bf16 const* src, long src_blocks, float* si
 
   tiled_mma.accumulate_ = GMMA::ScaleOut::Zero;
   warpgroup_fence_operand(accum);
-  if constexpr (!kRS && kTileBlocks > 0) {
-    static_assert(kN == 256 && !kGuard, "tiles: the ss_n256 loop");
-    Tensor tCrA = wg_slice.make_fragment_A(wg_slice.partition_A(sA));
-    uint32_t held[size(accum) / 2];
+  if constexpr (!kRS) {
+    static_assert(kTileBlocks == 0 || (kN == 256 && !kGuard), "tiles: the ss_n256 loop");
+    Tensor tCrA = wg_slice.make_fragment_A(wg_slice.partition_A(sA));  // descriptors
+    uint32_t held[kHold ? size(accum) / 2 : 1];
     CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < size(accum) / 2; ++i) held[i] = 0;
+    for (int i = 0; i < int(sizeof(held) / sizeof(held[0])); ++i) held[i] = 0;
     uint32_t* epi = reinterpret_cast<uint32_t*>(smem + kStages * kStageBytes + 1024) + warp_group * 4096;
-    auto k_block = [&](long it, int kb, bool store_held) {
+    // K block `it`, the tile's block `kb`: its MMAs, the held tile staged with them (kHold, first
+    // block only), then the previous block's stage released (within the tile: the tile's last
+    // block is released after its drain).
+    auto k_block = [&](long it, long kb, bool store_held) {
       const int s = it % kStages;
       wait_full(it);
       warpgroup_fence_operand(accum);
@@ -186,28 +191,33 @@ probe_kernel(long iters, int chunks, bf16 const* src, long src_blocks, float* si
       warpgroup_fence_operand(accum);
       if (kb > 0) release(it - 1);
     };
-    if constexpr (kLagCycles > 0) {  // consumer 1 starts late, so that the two drain at different times
-      if (warp_group == 1) {
-        const long long t0 = clock64();
-        while (clock64() - t0 < kLagCycles) {
+    if constexpr (kTileBlocks == 0) {  // one endless tile
+      CUTLASS_PRAGMA_NO_UNROLL
+      for (long it = 0; it < iters; ++it) k_block(it, it, false);
+    } else {
+      if constexpr (kLagCycles > 0) {  // consumer 1 starts late, so that the two drain at different times
+        if (warp_group == 1) {
+          const long long t0 = clock64();
+          while (clock64() - t0 < kLagCycles) {
+          }
         }
       }
-    }
-    long it = 0;
-    CUTLASS_PRAGMA_NO_UNROLL
-    for (long t = 0; t < iters / kTileBlocks; ++t) {
-      tiled_mma.accumulate_ = GMMA::ScaleOut::Zero;
-      k_block(it++, 0, true);
+      long it = 0;
       CUTLASS_PRAGMA_NO_UNROLL
-      for (int kb = 1; kb < kTileBlocks; ++kb) k_block(it++, kb, false);
-      warpgroup_wait<0>();
-      warpgroup_fence_operand(accum);
-      release(it - 1);
-      if constexpr (kHold) {
-        CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < size(accum) / 2; ++i) {
-          __nv_bfloat162 v = __floats2bfloat162_rn(accum(2 * i), accum(2 * i + 1));
-          held[i] = reinterpret_cast<uint32_t&>(v);
+      for (long t = 0; t < iters / kTileBlocks; ++t) {
+        tiled_mma.accumulate_ = GMMA::ScaleOut::Zero;
+        k_block(it++, 0, true);
+        CUTLASS_PRAGMA_NO_UNROLL
+        for (int kb = 1; kb < kTileBlocks; ++kb) k_block(it++, kb, false);
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(accum);
+        release(it - 1);
+        if constexpr (kHold) {
+          CUTLASS_PRAGMA_UNROLL
+          for (int i = 0; i < size(accum) / 2; ++i) {
+            __nv_bfloat162 v = __floats2bfloat162_rn(accum(2 * i), accum(2 * i + 1));
+            held[i] = reinterpret_cast<uint32_t&>(v);
+          }
         }
       }
     }
@@ -216,21 +226,6 @@ probe_kernel(long iters, int chunks, bf16 const* src, long src_blocks, float* si
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < size(accum) / 2; ++i) x ^= held[i];
       if (x == 0x12345u) sink[blockIdx.x * blockDim.x + tid] = float(x);
-    }
-  } else if constexpr (!kRS) {
-    Tensor tCrA = wg_slice.make_fragment_A(wg_slice.partition_A(sA));  // descriptors
-    CUTLASS_PRAGMA_NO_UNROLL
-    for (long it = 0; it < iters; ++it) {
-      const int s = it % kStages;
-      wait_full(it);
-      warpgroup_fence_operand(accum);
-      warpgroup_arrive();
-      CUTLASS_PRAGMA_UNROLL
-      for (int k = 0; k < size<2>(tCrA); ++k) mma_step(tCrA(_, 0, k, s), k, s);
-      warpgroup_commit_batch();
-      warpgroup_wait<1>();
-      warpgroup_fence_operand(accum);
-      if (it > 0) release(it - 1);
     }
   } else {
     // A in registers: CUTLASS's RS mainloop's copy (ldmatrix) and its one-step-ahead order.

@@ -10,6 +10,7 @@ Build (a reduced build is enough; the stamps may cost spills, so ptxas warnings 
 The consumer's point 7 and the stage() calls' points 6 and 7 were added after the thirty-fifth
 session's runs (benchmarks/NOTES.md): compiled, not yet run.
 Run (from outside the source tree): python3 wgrad_tile_trace.py [E,T,K,N ...] [--case NAME ...]
+  TRACE_DUMP=DIR also writes each case's raw stamps to DIR/<case>.json (both traces share CTA 0's clock).
 Consumer points per tile: 0 loop top, 1 the tile's record taken, 7 mma_pipelined entered, 2 block 0's
 hook entered (its MMAs issued), 3 the hook done (slice 0 of the held tile staged), 4 every block
 issued, 5 mma_tail done, 6 hold() done. Per stage() call (thread 0 of each consumer): 6 store_slice
@@ -19,6 +20,7 @@ stage acquired, 3 the last block's stage acquired.
 """
 import ctypes
 import glob
+import json
 import os
 import statistics
 import sys
@@ -73,6 +75,9 @@ def run(label, t, e, k, n, counts, fns):
                   f"barrier {seg(1, 2):.0f}, stmatrix {seg(2, 3):.0f}, fence + barrier {seg(3, 4):.0f}, "
                   f"issue {seg(4, 5):.0f}, whole {seg(0, 5):.0f}")
             print(f"    store_slice() before stage(): {seg(6, 7):.0f}; stage() entry to its first stamp: {seg(7, 0):.0f}")
+    if os.environ.get("TRACE_DUMP"):  # the raw stamps, to align the two traces offline
+        with open(os.path.join(os.environ["TRACE_DUMP"], label.split()[0] + ".json"), "w") as f:
+            json.dump({"tiles": list(buf), "stages": list(sbuf)}, f)
     at = lambda role, tile, point: buf[(role * 64 + tile) * 8 + point]
     tiles = [i for i in range(64) if at(0, i, 6) and at(1, i, 6) and at(0, i + 1 if i < 63 else i, 0)]
     tiles = [i for i in tiles if i + 1 < 64 and at(0, i + 1, 0)]

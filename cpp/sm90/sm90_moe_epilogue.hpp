@@ -252,15 +252,8 @@ class CooperativeSliceStaging {
   }
   template <int kPack, bool kMatrices, int kParts, class Value, class Issue>
   CUTLASS_DEVICE void stage(int slice, int part, Value&& value, Issue&& issue) {
-    static_assert(!kMatrices || (kPack == 1 && sizeof(Element) == 2), "stmatrix stages 16-bit pairs");
-    static_assert(kParts == 1 || (kParts == 2 && !kMatrices), "row halves: the per-pair stores only");
     using namespace cute;
     constexpr int kThreads = cutlass::NumThreadsPerWarpGroup;
-    TiledMma tiled_mma;
-    Tensor offsets = tiled_mma.get_thread_slice(0).partition_C(
-        make_identity_tensor(make_shape(Int<kTileM>{}, Int<kTileN>{})));
-    const int slice_col = slice * kStoreCols;
-
     // Buffers alternate over the consumer's whole sequence of slices, across tiles: a tile may
     // store an odd number of slices (N's last tile), and restarting at buffer 0 would then
     // overwrite a buffer whose store the wait below lets run on.
@@ -270,6 +263,28 @@ class CooperativeSliceStaging {
       cutlass::arch::NamedBarrier::sync(kThreads, consumer_);
     }
     Element* buffer = buffers_[(next_buffer_ + kBuffers - 1) % kBuffers].data();
+    write<kPack, kMatrices, kParts>(buffer, slice, part, value);
+    if (part == kParts - 1) {
+      tma_store_fence();  // these shared memory writes are visible to the TMA (async proxy)
+      cutlass::arch::NamedBarrier::sync(kThreads, consumer_);
+      if (thread_ == 0) {
+        issue(make_tensor(make_smem_ptr(buffer), SmemLayout{}));
+        tma_store_arrive();
+      }
+    }
+  }
+
+  // stage()'s shared memory writes alone, into `buffer` (one of buffer(i)): for a kernel that hands
+  // the staged slice to another warp to store (the wgrad's store warps) instead of storing it here.
+  template <int kPack, bool kMatrices, int kParts, class Value>
+  CUTLASS_DEVICE void write(Element* buffer, int slice, int part, Value&& value) {
+    static_assert(!kMatrices || (kPack == 1 && sizeof(Element) == 2), "stmatrix stages 16-bit pairs");
+    static_assert(kParts == 1 || (kParts == 2 && !kMatrices), "row halves: the per-pair stores only");
+    using namespace cute;
+    TiledMma tiled_mma;
+    Tensor offsets = tiled_mma.get_thread_slice(0).partition_C(
+        make_identity_tensor(make_shape(Int<kTileM>{}, Int<kTileN>{})));
+    const int slice_col = slice * kStoreCols;
     if constexpr (kMatrices) {
       stage_matrices(offsets, slice_col, buffer, value);
     } else {
@@ -300,15 +315,9 @@ class CooperativeSliceStaging {
         }
       }
     }
-    if (part == kParts - 1) {
-      tma_store_fence();  // these shared memory writes are visible to the TMA (async proxy)
-      cutlass::arch::NamedBarrier::sync(kThreads, consumer_);
-      if (thread_ == 0) {
-        issue(make_tensor(make_smem_ptr(buffer), SmemLayout{}));
-        tma_store_arrive();
-      }
-    }
   }
+
+  CUTLASS_DEVICE Element* buffer(int i) const { return buffers_[i].data(); }
 
   // Before the kernel ends: shared memory must stay until the stores have read it.
   CUTLASS_DEVICE void wait_all() {

@@ -61,16 +61,40 @@ struct WgradProblemShape {
   int num_experts;  // E
 };
 
-// Stores (or, accumulating, adds) each consumer's rows of a tile of dW[e] with TMA.
+// Stores (or, accumulating, adds) each consumer's rows of a tile of dW[e] with TMA. The consumers
+// only stage: each consumer hands every staged slice to a store warp of its own (store_warp(), run by
+// warps of the producer's warp group that have nothing else to do), which issues the TMA store and
+// waits for it. So a consumer's per-slice work while its next K block's MMAs run is the buffer
+// handshake and the shared memory writes; the store's issue and its wait no longer hold back the
+// next block's MMAs (a slice took 450-850 cycles of a K block's 1,024 before, benchmarks/NOTES.md).
+//
+// The handshake, per consumer, on two named barriers of kHandoffThreads (the consumer's 128 threads
+// and its store warp's 32): the consumer arrives on `staged` once a slice's buffer and its box are
+// written; the store warp syncs on it, reads the box, waits until the store of the slice kBuffers - 1
+// before it has read its buffer (the one the consumer writes next), arrives on `taken`, and then
+// issues the store; the consumer syncs on `taken` before staging its next slice. The two sides
+// alternate, so neither barrier ever holds arrivals of two generations.
 template <class ElementOut, class TiledMma, int kTileM, int kTileN>
 class WgradTmaStoreEpilogue {
  public:
   // The whole tile stays in flight (4 slices of 64 columns in 16 bits, half of it in fp32).
-  using Staging = CooperativeSliceStaging<ElementOut, TiledMma, kTileM, kTileN, /*kBuffers=*/4>;
+  static constexpr int kBuffers = 4;
+  using Staging = CooperativeSliceStaging<ElementOut, TiledMma, kTileM, kTileN, kBuffers>;
   static constexpr int kRows = Staging::kRows;
   static constexpr int kStoreCols = Staging::kStoreCols;
   using SmemLayout = typename Staging::SmemLayout;
-  using SharedStorage = typename Staging::SharedStorage;
+  static constexpr int kConsumers = Staging::kConsumers;
+
+  // Where a staged slice goes: dW[expert](row.., col..). expert < 0: no slice, the consumer is done.
+  struct Box {
+    int row;
+    int col;
+    int expert;
+  };
+  struct SharedStorage {
+    typename Staging::SharedStorage staging;
+    Box boxes[kConsumers][kBuffers];
+  };
 
   // dW as (M, N, E): row stride ldd, unit column stride, expert stride.
   template <class Op>
@@ -123,7 +147,11 @@ class WgradTmaStoreEpilogue {
 
   CUTLASS_DEVICE WgradTmaStoreEpilogue(Params const& params, SharedStorage& storage, int consumer, int mma_thread,
                                        int thread)
-      : params_(params), staging_(storage, consumer, mma_thread, thread), consumer_(consumer) {}
+      : params_(params),
+        staging_(storage.staging, consumer, mma_thread, thread),
+        boxes_(storage.boxes[consumer]),
+        consumer_(consumer),
+        thread_(thread) {}
 
   // 16-bit dW (stored, never added) defers its stores: each tile's outputs wait in registers and
   // are stored while the next tile's K blocks run (the kernel's deferred loop). fp32 dW, half of it
@@ -178,38 +206,88 @@ class WgradTmaStoreEpilogue {
   template <class Registers>
   CUTLASS_DEVICE void store_all(Registers const& held) { store_held(0, /*rest=*/true, held); }
 
-  CUTLASS_DEVICE void store_tail() { staging_.wait_all(); }
+  // After the consumer's last slice: tells its store warp that no slice is left.
+  CUTLASS_DEVICE void store_tail() {
+    hand_over(Box{0, 0, -1}, [](ElementOut*) {});
+  }
+
+  // The store warp of consumer `consumer` (a whole warp, outside the consumers): stores the slices
+  // the consumer stages, in order, until it says it is done; then waits for the stores to have read
+  // shared memory, which must stay until then.
+  CUTLASS_DEVICE static void store_warp(Params const& params, SharedStorage& storage, int consumer) {
+    using namespace cute;
+    const bool leader = cute::elect_one_sync();
+    auto shape = make_shape(params.m, params.n, params.num_experts);
+    for (int buffer = 0;; buffer = buffer + 1 == kBuffers ? 0 : buffer + 1) {
+      cutlass::arch::NamedBarrier::sync(kHandoffThreads, kStagedBarrier + consumer);
+      const Box box = storage.boxes[consumer][buffer];
+      if (box.expert < 0) break;
+      // The consumer's next slice goes to the buffer of the slice kBuffers - 1 before this one: once
+      // that slice's store has read it, the consumer may go on while this one is issued.
+      if (leader) tma_store_wait<kBuffers - 2>();
+      __syncwarp();
+      cutlass::arch::NamedBarrier::arrive(kHandoffThreads, kTakenBarrier + consumer);
+      if (leader) {
+        Tensor sD = make_tensor(make_smem_ptr(storage.staging.buffer[consumer][buffer].data()), SmemLayout{});
+        auto issue = [&](auto const& tma) {
+          Tensor gD = domain_offset(make_coord(box.row, box.col, box.expert), tma.get_tma_tensor(shape));
+          Tensor dst = local_tile(gD(_, _, 0), Shape<Int<kRows>, Int<kStoreCols>>{}, make_coord(0, 0));
+          auto tma_slice = tma.get_slice(Int<0>{});
+          copy(tma, tma_slice.partition_S(sD), tma_slice.partition_D(dst));
+        };
+        if (params.accumulate) {
+          issue(params.reduce_add);
+        } else {
+          issue(params.store);
+        }
+        tma_store_arrive();
+      }
+    }
+    if (leader) tma_store_wait<0>();
+  }
 
  private:
-  // Stages and stores (or adds) slice `slice` of the consumer's rows [consumer * kRows, +kRows) of
-  // `tile`, value(i, row, col) as in CooperativeSliceStaging::stage; TMA clips the box at M and N.
+  static constexpr int kHandoffThreads = cutlass::NumThreadsPerWarpGroup + cutlass::NumThreadsPerWarp;
+  // Named barriers (user ids, after CUTLASS's reserved ones): the consumers' own staging syncs take
+  // ids 0 and 1 (unused here), the handshakes the next four.
+  static constexpr int kStagedBarrier = kConsumers;
+  static constexpr int kTakenBarrier = 2 * kConsumers;
+
+  // Stages slice `slice` of the consumer's rows [consumer * kRows, +kRows) of `tile`, value(i, row,
+  // col) as in CooperativeSliceStaging::stage, and hands it to the store warp; TMA clips the box at
+  // M and N.
   template <class Value>
   CUTLASS_DEVICE void store_slice(MoeTile const& tile, int slice, Value&& value) {
-    using namespace cute;
     const int first_row = tile.m_tile * kTileM + consumer_ * kRows;
-    const int first_col = tile.n_tile * kTileN;
+    const int first_col = tile.n_tile * kTileN + slice * kStoreCols;
     // No box wholly outside dW; no columns left: the same for the whole consumer.
-    if (first_row >= params_.m || slice * kStoreCols >= params_.n - first_col) return;
-    auto shape = make_shape(params_.m, params_.n, params_.num_experts);
-    staging_.template stage<1, /*kMatrices=*/sizeof(ElementOut) == 2>(slice, value, [&](auto const& sD) {
-      auto issue = [&](auto const& tma) {
-        Tensor gD = domain_offset(make_coord(first_row, first_col + slice * kStoreCols, tile.expert),
-                                  tma.get_tma_tensor(shape));
-        Tensor box = local_tile(gD(_, _, 0), Shape<Int<kRows>, Int<kStoreCols>>{}, make_coord(0, 0));
-        auto tma_slice = tma.get_slice(Int<0>{});
-        copy(tma, tma_slice.partition_S(sD), tma_slice.partition_D(box));
-      };
-      if (params_.accumulate) {
-        issue(params_.reduce_add);
-      } else {
-        issue(params_.store);
-      }
+    if (first_row >= params_.m || first_col >= params_.n) return;
+    hand_over(Box{first_row, first_col, tile.expert}, [&](ElementOut* buffer) {
+      staging_.template write</*kPack=*/1, /*kMatrices=*/sizeof(ElementOut) == 2, /*kParts=*/1>(buffer, slice, 0,
+                                                                                                   value);
     });
+  }
+
+  // Once the store warp has taken the previous slice (and so the store that last read this buffer
+  // is done), writes the next buffer and its box, and hands them over.
+  template <class Write>
+  CUTLASS_DEVICE void hand_over(Box const& box, Write&& write) {
+    if (handed_any_) cutlass::arch::NamedBarrier::sync(kHandoffThreads, kTakenBarrier + consumer_);
+    write(staging_.buffer(buffer_));
+    if (thread_ == 0) boxes_[buffer_] = box;
+    cute::tma_store_fence();  // the buffer's writes are visible to the TMA (async proxy)
+    cutlass::arch::NamedBarrier::arrive(kHandoffThreads, kStagedBarrier + consumer_);
+    buffer_ = buffer_ + 1 == kBuffers ? 0 : buffer_ + 1;
+    handed_any_ = true;
   }
 
   Params const& params_;
   Staging staging_;
+  Box* boxes_;
   int consumer_;
+  int thread_;
+  int buffer_ = 0;  // the buffer of the consumer's next slice
+  bool handed_any_ = false;
   Held held_;  // deferred stores: the held tile
 };
 
@@ -410,6 +488,10 @@ CUTLASS_DEVICE void MoeWgradKernel<Element, ElementOut, Config>::operator()(Para
 
   if (warp_group == 0) {
     cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();
+    if (warp_in_group == 1 || warp_in_group == 2) {  // the consumers' store warps
+      CollectiveEpilogue::store_warp(params.epilogue, storage.epilogue, warp_in_group - 1);
+      return;
+    }
     if (!is_producer) return;
     // CTA c of G takes tiles c, c + G, ...
     Scheduler scheduler(params.scheduler);

@@ -20,7 +20,9 @@
 //     stores must stream. A 16-bit dW also defers the staging: each tile's outputs wait in
 //     registers and are staged during the next tile's K blocks, one slice per block and the rest
 //     with its last block, so the tensor cores do not wait for them (4-6% on the public shapes,
-//     benchmarks/NOTES.md). Accumulating (fp32 only) uses TMA reduce-add: one add per element, in
+//     benchmarks/NOTES.md). The consumers only write the staging buffers: two otherwise idle warps
+//     of the producer's warp group, one per consumer, issue the TMA stores and wait for them
+//     (WgradTmaStoreEpilogue::store_warp; 1-5% on the prefill shapes). Accumulating (fp32 only) uses TMA reduce-add: one add per element, in
 //     a fixed order, no atomics, bitwise reproducible.
 // An expert with no rows has no mainloop: its tiles store zeros, or nothing when accumulating.
 //

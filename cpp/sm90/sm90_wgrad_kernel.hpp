@@ -22,8 +22,8 @@
 //     with its last block, so the tensor cores do not wait for them (4-6% on the public shapes,
 //     benchmarks/NOTES.md). The consumers only write the staging buffers: two otherwise idle warps
 //     of the producer's warp group, one per consumer, issue the TMA stores and wait for them
-//     (WgradTmaStoreEpilogue::store_warp; 1-5% on the prefill shapes). Accumulating (fp32 only) uses TMA reduce-add: one add per element, in
-//     a fixed order, no atomics, bitwise reproducible.
+//     (WgradTmaStoreEpilogue::store_warp; 1-5% on the prefill shapes). Accumulating (fp32 only)
+//     uses TMA reduce-add: one add per element, in a fixed order, no atomics, bitwise reproducible.
 // An expert with no rows has no mainloop: its tiles store zeros, or nothing when accumulating.
 //
 // Ragged view along T: element (m, i, j) of an operand's view is A[m, j + i - kTileK] (the row

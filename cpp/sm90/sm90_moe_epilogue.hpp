@@ -244,8 +244,8 @@ class CooperativeSliceStaging {
   // rows), so that a deferred gated tile spreads its kSlices / 2 slices over kSlices K blocks as a
   // plain tile does; part 0 takes the buffer, part 1 issues the store. kMatrices (16-bit outputs,
   // kPack == 1): stage through stmatrix, four pairs per instruction, instead of one 32-bit store per
-  // pair. The wgrad takes it (about 1% faster, benchmarks/NOTES.md); in the forward's cooperative
-  // tile it needs a register more than the consumers' 168 and spills.
+  // pair. The wgrad takes it, through write() (about 1% faster, benchmarks/NOTES.md); in the
+  // forward's cooperative tile it needs a register more than the consumers' 168 and spills.
   template <int kPack = 1, bool kMatrices = false, class Value, class Issue>
   CUTLASS_DEVICE void stage(int slice, Value&& value, Issue&& issue) {
     stage<kPack, kMatrices, /*kParts=*/1>(slice, /*part=*/0, value, issue);

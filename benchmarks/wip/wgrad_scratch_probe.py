@@ -1,0 +1,70 @@
+"""Scratch A/B of the bf16 MoE wgrad's modes, chosen per call by an environment switch that a wip
+patch reads on the host: median of alternating rounds over the public cases, each mode against the
+first, in one process (one build). Modes listed as exact are asserted bitwise equal to the first
+mode's dW, both dW layouts, on every case before timing.
+
+  python3 wgrad_scratch_probe.py SWITCH MODES [EXACT] [ROUNDS=5]     (run from outside the tree)
+
+The patches and their switches (benchmarks/NOTES.md, thirty-seventh session):
+- wgrad_direct_stores.patch, CUTLASS_MOE_SCRATCH_WGRAD_DIRECT: 0 today (stmatrix into shared
+  memory, the store warp's TMA store); 1 and 2 straight from the consumers' registers (32-bit stores;
+  16-byte stores after a quad transpose); 3 no stores (wrong dW: the mainloop alone); 4 only the
+  staging writes, nothing stored (wrong dW); 5 the store warp copies with LDS + STG instead of TMA.
+  E.g. `wgrad_scratch_probe.py CUTLASS_MOE_SCRATCH_WGRAD_DIRECT 012345 125`.
+- wgrad_five_buffers.patch, CUTLASS_MOE_SCRATCH_WGRAD_BUFFERS: 4 or 5 store buffers per consumer in
+  use (five allocated; 3 stages either way). `wgrad_scratch_probe.py CUTLASS_MOE_SCRATCH_WGRAD_BUFFERS 45 5`."""
+import math
+import os
+import sys
+
+import torch
+
+from cutlass_moe import bench, moe_gemm_wgrad
+
+switch, modes = sys.argv[1], sys.argv[2]
+exact = sys.argv[3] if len(sys.argv) > 3 else ""
+rounds = int(sys.argv[4]) if len(sys.argv) > 4 else 5
+base_mode = modes[0]
+cases = bench.load_cases()
+counts = bench.case_counts(cases)
+
+
+def with_mode(mode, fn):
+    def run():
+        os.environ[switch] = mode
+        return fn()
+    return run
+
+
+runners = {}
+for case in cases:
+    t, k, n, e = case["T"], case["K"], case["N"], case["E"]
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(t, k, device="cuda", dtype=torch.bfloat16, generator=gen)
+    dy = torch.randn(t, n, device="cuda", dtype=torch.bfloat16, generator=gen)
+    c = counts[case["name"]].to("cuda", torch.int32)
+    if exact:
+        for trans_b in (False, True):
+            os.environ[switch] = base_mode
+            ref = moe_gemm_wgrad(x, dy, c, trans_b=trans_b, backend="moe")
+            for m in exact:
+                os.environ[switch] = m
+                assert torch.equal(ref, moe_gemm_wgrad(x, dy, c, trans_b=trans_b, backend="moe")), (case["name"], m)
+            del ref
+    for m in modes:
+        runners[f"{case['name']} | {m}"] = with_mode(m, lambda x=x, dy=dy, c=c: moe_gemm_wgrad(x, dy, c, backend="moe"))
+if exact:
+    print(f"modes {exact}: dW bitwise equal to mode {base_mode}'s on every case, both layouts", flush=True)
+os.environ[switch] = base_mode
+med = bench.median_of_rounds(runners, rounds)
+logs = {m: [] for m in modes[1:]}
+for case in cases:
+    base = med[f"{case['name']} | {base_mode}"]
+    line = f"{case['name']:22s} mode {base_mode} {base:.4f} ms"
+    for m in modes[1:]:
+        r = med[f"{case['name']} | {m}"] / base
+        logs[m].append(math.log(r))
+        line += f"  {m}/{base_mode} {r:.3f}"
+    print(line, flush=True)
+for m, v in logs.items():
+    print(f"geomean mode {m}/{base_mode}: {math.exp(sum(v) / len(v)):.3f}")

@@ -229,6 +229,8 @@ class CooperativeSliceStaging {
     thread_col_ = get<1>(coord) - get<1>(offset0);
   }
 
+  // The thread's index in its warp group.
+  CUTLASS_DEVICE int thread() const { return thread_; }
   // The thread's first row in its consumer's part and first column, to add to value offsets.
   CUTLASS_DEVICE int thread_row() const { return thread_row_; }
   CUTLASS_DEVICE int thread_col() const { return thread_col_; }
@@ -242,15 +244,10 @@ class CooperativeSliceStaging {
   // group. kParts == 2: the slice is staged in two calls, part 0 then part 1, each writing the pairs
   // of one half of the rows (a value's row mod 16 below 8, then the others: each thread's two
   // rows), so that a deferred gated tile spreads its kSlices / 2 slices over kSlices K blocks as a
-  // plain tile does; part 0 takes the buffer, part 1 issues the store. kMatrices (16-bit outputs,
-  // kPack == 1): stage through stmatrix, four pairs per instruction, instead of one 32-bit store per
-  // pair. The wgrad takes it, through write() (about 1% faster, benchmarks/NOTES.md); in the
-  // forward's cooperative tile it needs a register more than the consumers' 168 and spills.
-  template <int kPack = 1, bool kMatrices = false, class Value, class Issue>
-  CUTLASS_DEVICE void stage(int slice, Value&& value, Issue&& issue) {
-    stage<kPack, kMatrices, /*kParts=*/1>(slice, /*part=*/0, value, issue);
-  }
-  template <int kPack, bool kMatrices, int kParts, class Value, class Issue>
+  // plain tile does; part 0 takes the buffer, part 1 issues the store. The writes are one 32-bit
+  // store per pair: stmatrix (write()'s kMatrices) needs a register more than the forward's
+  // cooperative consumers' 168 and spills there.
+  template <int kPack, int kParts, class Value, class Issue>
   CUTLASS_DEVICE void stage(int slice, int part, Value&& value, Issue&& issue) {
     using namespace cute;
     constexpr int kThreads = cutlass::NumThreadsPerWarpGroup;
@@ -263,7 +260,7 @@ class CooperativeSliceStaging {
       cutlass::arch::NamedBarrier::sync(kThreads, consumer_);
     }
     Element* buffer = buffers_[(next_buffer_ + kBuffers - 1) % kBuffers].data();
-    write<kPack, kMatrices, kParts>(buffer, slice, part, value);
+    write<kPack, /*kMatrices=*/false, kParts>(buffer, slice, part, value);
     if (part == kParts - 1) {
       tma_store_fence();  // these shared memory writes are visible to the TMA (async proxy)
       cutlass::arch::NamedBarrier::sync(kThreads, consumer_);
@@ -276,6 +273,8 @@ class CooperativeSliceStaging {
 
   // stage()'s shared memory writes alone, into `buffer` (one of buffer(i)): for a kernel that hands
   // the staged slice to another warp to store (the wgrad's store warps) instead of storing it here.
+  // kMatrices (16-bit outputs, kPack == 1): through stmatrix, four pairs per instruction, instead of
+  // one 32-bit store per pair; the wgrad takes it (about 1% faster, benchmarks/NOTES.md).
   template <int kPack, bool kMatrices, int kParts, class Value>
   CUTLASS_DEVICE void write(Element* buffer, int slice, int part, Value&& value) {
     static_assert(!kMatrices || (kPack == 1 && sizeof(Element) == 2), "stmatrix stages 16-bit pairs");
@@ -620,7 +619,7 @@ class CooperativeTmaStoreEpilogue {
     const int view_col = static_cast<int>(tile.expert * params_.group_stride) + first_col;
     Tensor gD = domain_offset(make_coord(kRows - rows, view_col, row_start + rows), mD)(_, _, 0);
     auto tma_store = params_.tma_store.get_slice(Int<0>{});
-    staging_.template stage<kPack, /*kMatrices=*/false, kParts>(slice, part, value, [&](auto const& sD) {
+    staging_.template stage<kPack, kParts>(slice, part, value, [&](auto const& sD) {
       Tensor gD_slice = local_tile(gD, Shape<Int<kRows>, Int<kStoreCols>>{}, make_coord(0, slice));
       copy(params_.tma_store, tma_store.partition_S(sD), tma_store.partition_D(gD_slice));
     });

@@ -152,8 +152,7 @@ class WgradTmaStoreEpilogue {
       : params_(params),
         staging_(storage.staging, consumer, mma_thread, thread),
         boxes_(storage.boxes[consumer]),
-        consumer_(consumer),
-        thread_(thread) {}
+        consumer_(consumer) {}
 
   // 16-bit dW (stored, never added) defers its stores: each tile's outputs wait in registers and
   // are stored while the next tile's K blocks run (the kernel's deferred loop). fp32 dW, half of it
@@ -276,7 +275,7 @@ class WgradTmaStoreEpilogue {
   CUTLASS_DEVICE void hand_over(Box const& box, Write&& write) {
     if (handed_any_) cutlass::arch::NamedBarrier::sync(kHandoffThreads, kTakenBarrier + consumer_);
     write(staging_.buffer(buffer_));
-    if (thread_ == 0) boxes_[buffer_] = box;
+    if (staging_.thread() == 0) boxes_[buffer_] = box;
     cute::tma_store_fence();  // the buffer's writes are visible to the TMA (async proxy)
     cutlass::arch::NamedBarrier::arrive(kHandoffThreads, kStagedBarrier + consumer_);
     buffer_ = buffer_ + 1 == kBuffers ? 0 : buffer_ + 1;
@@ -287,7 +286,6 @@ class WgradTmaStoreEpilogue {
   Staging staging_;
   Box* boxes_;
   int consumer_;
-  int thread_;
   int buffer_ = 0;  // the buffer of the consumer's next slice
   bool handed_any_ = false;
   Held held_;  // deferred stores: the held tile

@@ -9,8 +9,10 @@ The patches and their switches (benchmarks/NOTES.md, thirty-seventh session):
 - wgrad_direct_stores.patch, CUTLASS_MOE_SCRATCH_WGRAD_DIRECT: 0 today (stmatrix into shared
   memory, the store warp's TMA store); 1 and 2 straight from the consumers' registers (32-bit stores;
   16-byte stores after a quad transpose); 3 no stores (wrong dW: the mainloop alone); 4 only the
-  staging writes, nothing stored (wrong dW); 5 the store warp copies with LDS + STG instead of TMA.
-  E.g. `wgrad_scratch_probe.py CUTLASS_MOE_SCRATCH_WGRAD_DIRECT 012345 125`.
+  staging writes, nothing stored (wrong dW); 5 the store warp copies with LDS + STG instead of TMA;
+  6 every slice handed over, none stored (wrong dW: the handshake alone); 7 consumer 0's slices
+  stored, consumer 1's handed over only (wrong dW: half the writes).
+  E.g. `wgrad_scratch_probe.py CUTLASS_MOE_SCRATCH_WGRAD_DIRECT 0123456 125`.
 - wgrad_five_buffers.patch, CUTLASS_MOE_SCRATCH_WGRAD_BUFFERS: 4 or 5 store buffers per consumer in
   use (five allocated; 3 stages either way). `wgrad_scratch_probe.py CUTLASS_MOE_SCRATCH_WGRAD_BUFFERS 45 5`."""
 import math

@@ -23,7 +23,8 @@ src=$(git rev-parse --show-toplevel) || exit 2
 old_src=/tmp/same_text_old_src
 rm -rf "$old_src" && mkdir -p "$old_src"
 git -C "$src" archive "$rev" | tar -x -C "$old_src" || exit 2
-configure() {  # configure TREE BUILD_DIR
+configure() {  # configure TREE BUILD_DIR (anew: a folder configured from another tree is refused)
+  rm -rf "$2"
   cmake -S "$1" -B "$2" -G Ninja -DCUTLASS_MOE_BUILD_PYTHON=OFF -DCUTLASS_MOE_ARCHS=90a \
     -DCUTLASS_MOE_DTYPES=kBFloat16 -DCUTLASS_MOE_WEIGHT_LAYOUTS=kKN -DCUTLASS_MOE_SM80_CONFIGS= >"$2.cmake.log" 2>&1 ||
     { tail -20 "$2.cmake.log"; exit 1; }

@@ -12,7 +12,7 @@ The patches and their switches (benchmarks/NOTES.md, thirty-seventh session):
   staging writes, nothing stored (wrong dW); 5 the store warp copies with LDS + STG instead of TMA;
   6 every slice handed over, none stored (wrong dW: the handshake alone); 7 consumer 0's slices
   stored, consumer 1's handed over only (wrong dW: half the writes).
-  E.g. `wgrad_scratch_probe.py CUTLASS_MOE_SCRATCH_WGRAD_DIRECT 0123456 125`.
+  E.g. `wgrad_scratch_probe.py CUTLASS_MOE_SCRATCH_WGRAD_DIRECT 01234567 125`.
 - wgrad_five_buffers.patch, CUTLASS_MOE_SCRATCH_WGRAD_BUFFERS: 4 or 5 store buffers per consumer in
   use (five allocated; 3 stages either way). `wgrad_scratch_probe.py CUTLASS_MOE_SCRATCH_WGRAD_BUFFERS 45 5`."""
 import math

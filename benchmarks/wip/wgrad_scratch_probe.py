@@ -5,6 +5,9 @@ mode's dW, both dW layouts, on every case before timing.
 
   python3 wgrad_scratch_probe.py SWITCH MODES [EXACT] [ROUNDS=5]     (run from outside the tree)
 
+Several switches at once: SWITCH is a comma-separated list and MODES (and EXACT) comma-separated
+settings with one character per switch, e.g. `wgrad_scratch_probe.py A,B 00,10,03,13`.
+
 The patches and their switches (benchmarks/NOTES.md, thirty-seventh session):
 - wgrad_direct_stores.patch, CUTLASS_MOE_SCRATCH_WGRAD_DIRECT: 0 today (stmatrix into shared
   memory, the store warp's TMA store); 1 and 2 straight from the consumers' registers (32-bit stores;
@@ -13,6 +16,9 @@ The patches and their switches (benchmarks/NOTES.md, thirty-seventh session):
   6 every slice handed over, none stored (wrong dW: the handshake alone); 7 consumer 0's slices
   stored, consumer 1's handed over only (wrong dW: half the writes).
   E.g. `wgrad_scratch_probe.py CUTLASS_MOE_SCRATCH_WGRAD_DIRECT 01234567 125`.
+- wgrad_half_b.patch, CUTLASS_MOE_SCRATCH_WGRAD_HALFB: 1 loads half of B's boxes per CTA (wrong dW:
+  the L2 reads a 2-CTA multicast of B would save, without its lockstep). With the patch above too:
+  `wgrad_scratch_probe.py CUTLASS_MOE_SCRATCH_WGRAD_HALFB,CUTLASS_MOE_SCRATCH_WGRAD_DIRECT 00,10,03,13 "" 5`.
 - wgrad_five_buffers.patch, CUTLASS_MOE_SCRATCH_WGRAD_BUFFERS: 4 or 5 store buffers per consumer in
   use (five allocated; 3 stages either way). `wgrad_scratch_probe.py CUTLASS_MOE_SCRATCH_WGRAD_BUFFERS 45 5`."""
 import math
@@ -23,17 +29,24 @@ import torch
 
 from cutlass_moe import bench, moe_gemm_wgrad
 
-switch, modes = sys.argv[1], sys.argv[2]
-exact = sys.argv[3] if len(sys.argv) > 3 else ""
+switches = sys.argv[1].split(",")
+split = (lambda v: v.split(",")) if len(switches) > 1 else list
+modes = split(sys.argv[2])
+exact = split(sys.argv[3]) if len(sys.argv) > 3 and sys.argv[3] else []
 rounds = int(sys.argv[4]) if len(sys.argv) > 4 else 5
 base_mode = modes[0]
 cases = bench.load_cases()
 counts = bench.case_counts(cases)
 
 
+def set_mode(mode):
+    for switch, value in zip(switches, mode, strict=True):
+        os.environ[switch] = value
+
+
 def with_mode(mode, fn):
     def run():
-        os.environ[switch] = mode
+        set_mode(mode)
         return fn()
     return run
 
@@ -47,17 +60,17 @@ for case in cases:
     c = counts[case["name"]].to("cuda", torch.int32)
     if exact:
         for trans_b in (False, True):
-            os.environ[switch] = base_mode
+            set_mode(base_mode)
             ref = moe_gemm_wgrad(x, dy, c, trans_b=trans_b, backend="moe")
             for m in exact:
-                os.environ[switch] = m
+                set_mode(m)
                 assert torch.equal(ref, moe_gemm_wgrad(x, dy, c, trans_b=trans_b, backend="moe")), (case["name"], m)
             del ref
     for m in modes:
         runners[f"{case['name']} | {m}"] = with_mode(m, lambda x=x, dy=dy, c=c: moe_gemm_wgrad(x, dy, c, backend="moe"))
 if exact:
     print(f"modes {exact}: dW bitwise equal to mode {base_mode}'s on every case, both layouts", flush=True)
-os.environ[switch] = base_mode
+set_mode(base_mode)
 med = bench.median_of_rounds(runners, rounds)
 logs = {m: [] for m in modes[1:]}
 for case in cases:

@@ -22,8 +22,10 @@
 //     with its last block, so the tensor cores do not wait for them (4-6% on the public shapes,
 //     benchmarks/NOTES.md). The consumers only write the staging buffers: two otherwise idle warps
 //     of the producer's warp group, one per consumer, issue the TMA stores and wait for them
-//     (WgradTmaStoreEpilogue::store_warp; 1-5% on the prefill shapes). Accumulating (fp32 only)
-//     uses TMA reduce-add: one add per element, in a fixed order, no atomics, bitwise reproducible.
+//     (WgradTmaStoreEpilogue::store_warp; 1-5% on the prefill shapes), with an L2 EVICT_FIRST
+//     policy where experts have under one K block of rows (dW is then all of the traffic).
+//     Accumulating (fp32 only) uses TMA reduce-add: one add per element, in a fixed order, no
+//     atomics, bitwise reproducible.
 // An expert with no rows has no mainloop: its tiles store zeros, or nothing when accumulating.
 //
 // Ragged view along T: element (m, i, j) of an operand's view is A[m, j + i - kTileK] (the row
@@ -113,6 +115,7 @@ class WgradTmaStoreEpilogue {
     int64_t ldd;
     int64_t expert_stride;
     bool accumulate;
+    bool evict_first = false;  // stores (not reduce-adds) with an L2 EVICT_FIRST policy (store_evict_first)
   };
   struct Params {
     TmaStore store;
@@ -121,6 +124,7 @@ class WgradTmaStoreEpilogue {
     int n;
     int num_experts;
     bool accumulate;
+    bool evict_first;
   };
 
   static Params to_underlying_arguments(WgradProblemShape const& p, Arguments const& args) {
@@ -139,6 +143,7 @@ class WgradTmaStoreEpilogue {
     params.n = p.n;
     params.num_experts = p.num_experts;
     params.accumulate = args.accumulate;
+    params.evict_first = args.evict_first && !args.accumulate;
     return params;
   }
 
@@ -230,16 +235,22 @@ class WgradTmaStoreEpilogue {
       cutlass::arch::NamedBarrier::arrive(kHandoffThreads, kTakenBarrier + consumer);
       if (leader) {
         Tensor sD = make_tensor(make_smem_ptr(storage.staging.buffer[consumer][buffer].data()), SmemLayout{});
-        auto issue = [&](auto const& tma) {
+        // The box in shared memory and its place in dW, partitioned for `tma`.
+        auto partition = [&](auto const& tma) {
           Tensor gD = domain_offset(make_coord(box.row, box.col, box.expert), tma.get_tma_tensor(shape));
           Tensor dst = local_tile(gD(_, _, 0), Shape<Int<kRows>, Int<kStoreCols>>{}, make_coord(0, 0));
           auto tma_slice = tma.get_slice(Int<0>{});
-          copy(tma, tma_slice.partition_S(sD), tma_slice.partition_D(dst));
+          return make_tuple(tma_slice.partition_S(sD), tma_slice.partition_D(dst));
         };
         if (params.accumulate) {
-          issue(params.reduce_add);
+          auto parts = partition(params.reduce_add);
+          copy(params.reduce_add, get<0>(parts), get<1>(parts));
+        } else if (params.evict_first) {
+          auto parts = partition(params.store);
+          store_evict_first(params.store.get_tma_descriptor(), get<0>(parts), get<1>(parts));
         } else {
-          issue(params.store);
+          auto parts = partition(params.store);
+          copy(params.store, get<0>(parts), get<1>(parts));
         }
         tma_store_arrive();
       }
@@ -248,6 +259,25 @@ class WgradTmaStoreEpilogue {
   }
 
  private:
+  // A TMA store of one box (src: the box in shared memory, dst: its partitioned TMA coordinates) with
+  // an L2 EVICT_FIRST policy, which CUTLASS's SM90_TMA_STORE does not take. dW is written once and
+  // read by nothing in the kernel. The same bits as the plain store; the launch picks it where dW is
+  // all of the traffic (sm90_wgrad_moe.cuh).
+  template <class SrcTensor, class DstTensor>
+  CUTLASS_DEVICE static void store_evict_first(void const* descriptor, SrcTensor const& src, DstTensor const& dst) {
+    using namespace cute;
+    auto coord = dst.data().coord_;  // as Copy_Traits<SM90_TMA_STORE>::copy_unpack reads it
+    static_assert(decltype(rank(coord))::value == 3, "dW's tensor map has 3 dimensions");
+    const uint32_t smem = cast_smem_ptr_to_uint(raw_pointer_cast(src.data()));
+    asm volatile(
+        "cp.async.bulk.tensor.3d.global.shared::cta.bulk_group.L2::cache_hint [%0, {%2, %3, %4}], [%1], %5;"
+        :
+        : "l"(reinterpret_cast<uint64_t>(descriptor)), "r"(smem), "r"(int32_t(get<0>(coord))),
+          "r"(int32_t(get<1>(coord))), "r"(int32_t(get<2>(coord))),
+          "l"(static_cast<uint64_t>(TMA::CacheHintSm90::EVICT_FIRST))
+        : "memory");
+  }
+
   static constexpr int kHandoffThreads = cutlass::NumThreadsPerWarpGroup + cutlass::NumThreadsPerWarp;
   // Named barriers (user ids, after CUTLASS's reserved ones): the consumers' own staging syncs take
   // ids 0 and 1 (unused here), the handshakes the next four.

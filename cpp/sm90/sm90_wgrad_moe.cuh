@@ -41,7 +41,14 @@ void WgradMoeInstance<kDType, kOutDType, kConfig>::run(const MoeWgradProblem& p,
   args.lda = op.lda;
   args.ptr_b = static_cast<Element const*>(p.num_tokens > 0 ? op.b : p.out);
   args.ldb = op.ldb;
-  args.epilogue = {static_cast<ElementOut*>(p.out), p.ldw, p.expert_stride, p.accumulate};
+  const int64_t rows_per_expert = p.num_experts > 0 ? p.num_tokens / p.num_experts : 0;
+  // With fewer rows per expert than one K block, a tile's MMAs take a quarter of its store's time
+  // and the kernel is a stream of dW's writes: stored with EVICT_FIRST, dsv3-decode's wgrad (4 rows
+  // per expert, 15 GB of dW) is 7% faster. Where the MMAs count (qwen3-30b-prefill's wgrad, 256
+  // rows per expert) the hint was 2.4% slower, so it stays off there (benchmarks/NOTES.md,
+  // thirty-eighth session).
+  args.epilogue = {static_cast<ElementOut*>(p.out), p.ldw, p.expert_stride, p.accumulate,
+                   /*evict_first=*/rows_per_expert < Kernel::kTileK};
   args.tokens_per_expert = p.tokens_per_expert;
   args.counts_are_int64 = p.count_type == IndexType::kInt64;
   args.hw_info.device_id = device;
@@ -53,7 +60,6 @@ void WgradMoeInstance<kDType, kOutDType, kConfig>::run(const MoeWgradProblem& p,
   // expert, outgrows half of L2 while B_e is the smaller one: Mixtral's wgrad with (E, N, K)
   // weights (A_e = grad_out_e, 58 MB) is 14% faster columns first; with (E, K, N) weights the same
   // shape is 15% slower columns first (benchmarks/NOTES.md).
-  const int64_t rows_per_expert = p.num_experts > 0 ? p.num_tokens / p.num_experts : 0;
   args.n_fastest = op.m > op.n && op.m * rows_per_expert * int64_t(sizeof(Element)) > device_facts(device).l2_bytes / 2;
 
   CUTLASS_MOE_CHECK(Kernel::can_implement(args), Status::kInvalidArgument,

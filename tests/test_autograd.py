@@ -478,7 +478,12 @@ def test_wgrad_moe_configs_ragged_ends(config, t, k, n, counts):
     reason="no sm90 MoE wgrad kernels in this build"))])
 @pytest.mark.parametrize("trans_b", [False, True])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_wgrad_moe_deferred_stores_every_block_count(dtype, trans_b, config):
+@pytest.mark.parametrize("counts", [
+    [0, 0, 1, 64, 65, 0, 128, 130, 192, 0, 0, 200, 256, 257, 320, 448, 5, 63, 0, 0],
+    # Under one K block of rows per expert on average: the launch stores with EVICT_FIRST.
+    [0, 0, 3, 1, 0, 17, 63, 64, 2, 0, 40, 5, 0, 0, 9, 33, 1, 0, 12, 65, 0, 7, 0, 0],
+], ids=["rows", "few_rows"])
+def test_wgrad_moe_deferred_stores_every_block_count(counts, dtype, trans_b, config):
     # 16-bit dW defers each tile's stores into the next tile's K blocks, one slice per block and the
     # rest with the last block (sm90_wgrad_kernel.hpp); each MoE wgrad config forced. Experts of 0 to
     # 7 K blocks of 64 rows, in runs of empty experts at the start, the middle and the end (the last
@@ -491,7 +496,6 @@ def test_wgrad_moe_deferred_stores_every_block_count(dtype, trans_b, config):
     if f"sm90:wgrad_moe:{short}:{short}:{config}" not in cutlass_moe.built_configs():
         pytest.skip(f"this build has no {short} MoE wgrad kernel with config {config}")
     gen = torch.Generator(device="cuda").manual_seed(21)
-    counts = [0, 0, 1, 64, 65, 0, 128, 130, 192, 0, 0, 200, 256, 257, 320, 448, 5, 63, 0, 0]
     t, k, n, e = sum(counts) + 7, 456, 520, len(counts)
     x = torch.randn(t, k, device="cuda", dtype=dtype, generator=gen)
     dy = torch.randn(t, n, device="cuda", dtype=dtype, generator=gen)

@@ -779,6 +779,25 @@ def test_ab_bench_summary_of_forward_and_wgrad_rounds(tmp_path, capsys):
     assert ab_bench.worst_expert_rel_wgrad(dw, x, dy, counts) == float("inf")
 
 
+def test_is_missing_kernel_looks_through_wrapping_errors():
+    # opcheck raises its own error from the op's NotImplementedError: a reduced build's missing
+    # kernel must still be recognised there (and only a missing kernel).
+    from conftest import is_missing_kernel
+
+    missing = NotImplementedError("no moe kernel built for bf16, weights (E, N, K)")
+    assert is_missing_kernel(missing)
+    try:
+        try:
+            raise missing
+        except NotImplementedError as inner:
+            raise RuntimeError("opcheck(op, ...): test_schema failed") from inner
+    except RuntimeError as wrapped:
+        assert is_missing_kernel(wrapped)
+    assert not is_missing_kernel(RuntimeError("opcheck(op, ...): outputs differ"))
+    assert not is_missing_kernel(NotImplementedError("something else"))
+    assert not is_missing_kernel(None)
+
+
 def test_is_reduced_build_names_the_quick_builds():
     # conftest turns a GPU test's "no kernel built" NotImplementedError into a skip in a reduced
     # build only; the default build's instance list must not count as reduced.

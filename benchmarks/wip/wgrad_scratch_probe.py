@@ -19,6 +19,11 @@ The patches and their switches (benchmarks/NOTES.md, thirty-seventh session):
 - wgrad_half_b.patch, CUTLASS_MOE_SCRATCH_WGRAD_HALFB: 1 loads half of B's boxes per CTA (wrong dW:
   the L2 reads a 2-CTA multicast of B would save, without its lockstep). With the patch above too:
   `wgrad_scratch_probe.py CUTLASS_MOE_SCRATCH_WGRAD_HALFB,CUTLASS_MOE_SCRATCH_WGRAD_DIRECT 00,10,03,13 "" 5`.
+- wgrad_cache_hints.patch, CUTLASS_MOE_SCRATCH_WGRAD_HINT: bit 0 dW's stores EVICT_FIRST, bit 1 the
+  operands' loads EVICT_LAST (all exact). `wgrad_scratch_probe.py CUTLASS_MOE_SCRATCH_WGRAD_HINT 0123 123 5`.
+- wgrad_expert_groups.patch, CUTLASS_MOE_SCRATCH_WGRAD_GROUP,CUTLASS_MOE_SCRATCH_WGRAD_EVICT: groups of
+  s experts take turns tile by tile, with dW's stores EVICT_FIRST or not (all exact); the command is
+  in the patch's header.
 - wgrad_five_buffers.patch, CUTLASS_MOE_SCRATCH_WGRAD_BUFFERS: 4 or 5 store buffers per consumer in
   use (five allocated; 3 stages either way). `wgrad_scratch_probe.py CUTLASS_MOE_SCRATCH_WGRAD_BUFFERS 45 5`."""
 import math

@@ -22,8 +22,8 @@ The patches and their switches (benchmarks/NOTES.md, thirty-seventh session):
 - wgrad_cache_hints.patch, CUTLASS_MOE_SCRATCH_WGRAD_HINT: bit 0 dW's stores EVICT_FIRST, bit 1 the
   operands' loads EVICT_LAST (all exact). `wgrad_scratch_probe.py CUTLASS_MOE_SCRATCH_WGRAD_HINT 0123 123 5`.
 - wgrad_expert_groups.patch, CUTLASS_MOE_SCRATCH_WGRAD_GROUP,CUTLASS_MOE_SCRATCH_WGRAD_EVICT: groups of
-  s experts take turns tile by tile, with dW's stores EVICT_FIRST or not (all exact); the command is
-  in the patch's header.
+  s experts (or light-heavy pairs, p) take turns tile by tile, with dW's stores EVICT_FIRST or not
+  (all exact); the command is in the patch's header.
 - wgrad_five_buffers.patch, CUTLASS_MOE_SCRATCH_WGRAD_BUFFERS: 4 or 5 store buffers per consumer in
   use (five allocated; 3 stages either way). `wgrad_scratch_probe.py CUTLASS_MOE_SCRATCH_WGRAD_BUFFERS 45 5`."""
 import math

@@ -121,14 +121,16 @@ _MISSING_KERNEL = re.compile(r"\bno \S+ kernel built for |\bthis build has no \S
 
 
 def is_missing_kernel(exc: BaseException | None) -> bool:
-    """Whether exc, or an exception it was raised from, is the core's NotImplementedError for a
-    kernel this build does not have. torch.library.opcheck raises its own error from the op's."""
+    """Whether exc, or an exception it was raised from (`raise ... from`, its __cause__), is the
+    core's NotImplementedError for a kernel this build does not have. torch.library.opcheck raises
+    its OpCheckError from the op's error. An error merely raised while handling one (__context__)
+    does not count: that is a test's own failure."""
     seen = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
         if isinstance(exc, NotImplementedError) and _MISSING_KERNEL.search(str(exc)):
             return True
-        exc = exc.__cause__ or exc.__context__
+        exc = exc.__cause__
     return False
 
 

@@ -794,6 +794,13 @@ def test_is_missing_kernel_looks_through_wrapping_errors():
     except RuntimeError as wrapped:
         assert is_missing_kernel(wrapped)
     assert not is_missing_kernel(RuntimeError("opcheck(op, ...): outputs differ"))
+    try:
+        try:
+            raise missing
+        except NotImplementedError:
+            raise AssertionError("a test's own check, failing while it handles the error")
+    except AssertionError as own:
+        assert not is_missing_kernel(own)
     assert not is_missing_kernel(NotImplementedError("something else"))
     assert not is_missing_kernel(None)
 

@@ -14,7 +14,8 @@ The patches and their switches (benchmarks/NOTES.md, thirty-seventh session):
   16-byte stores after a quad transpose); 3 no stores (wrong dW: the mainloop alone); 4 only the
   staging writes, nothing stored (wrong dW); 5 the store warp copies with LDS + STG instead of TMA;
   6 every slice handed over, none stored (wrong dW: the handshake alone); 7 consumer 0's slices
-  stored, consumer 1's handed over only (wrong dW: half the writes).
+  stored, consumer 1's handed over only (wrong dW: half the writes); 8 mode 4 without the proxy
+  fence; 9 today's path without the fence before each hand-over (timing only: stale data possible).
   E.g. `wgrad_scratch_probe.py CUTLASS_MOE_SCRATCH_WGRAD_DIRECT 01234567 125`.
 - wgrad_half_b.patch, CUTLASS_MOE_SCRATCH_WGRAD_HALFB: 1 loads half of B's boxes per CTA (wrong dW:
   the L2 reads a 2-CTA multicast of B would save, without its lockstep). With the patch above too:

@@ -366,9 +366,12 @@ wgrad_backends = pytest.mark.parametrize("backend", [wgrad_backend_param(f) for 
 @wgrad_backends
 @pytest.mark.parametrize("trans_b", [False, True])
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
-def test_wgrad_alone_per_expert_and_deterministic(out_dtype, trans_b, backend):
+# few_rows: under one K block of rows per expert on average, where the MoE launch stores dW with
+# EVICT_FIRST (sm90_wgrad_moe.cuh).
+@pytest.mark.parametrize("t,e", [(3001, 12), (300, 24)], ids=["rows", "few_rows"])
+def test_wgrad_alone_per_expert_and_deterministic(t, e, out_dtype, trans_b, backend):
     gen = torch.Generator(device="cuda").manual_seed(7)
-    t, k, n, e = 3001, 512, 264, 12
+    k, n = 512, 264
     counts = random_counts(e, t - 9, torch.Generator().manual_seed(8), "random").to("cuda", torch.int64)
     counts[3] = 0
     counts[-1] += t - 9 - int(counts.sum())
@@ -507,26 +510,6 @@ def test_wgrad_moe_deferred_stores_every_block_count(counts, dtype, trans_b, con
              trans_b)
     again = moe_gemm_wgrad(x, dy, counts, trans_b=trans_b, backend="moe", config=config)
     assert torch.equal(again, dw), "the same inputs must give the same bits"
-
-
-@gpu
-@pytest.mark.parametrize("trans_b", [False, True])
-@pytest.mark.parametrize("backend", [wgrad_backend_param("moe")])
-def test_wgrad_moe_few_rows_per_expert_fp32(trans_b, backend):
-    # Under one K block of rows per expert on average: the launch stores dW with EVICT_FIRST
-    # (sm90_wgrad_moe.cuh), here an fp32 dW (the 16-bit ones: the deferred-stores test), in both
-    # layouts, partial tiles in both dimensions, empty experts, rows past the owned ones.
-    gen = torch.Generator(device="cuda").manual_seed(41)
-    t, k, n, e = 300, 264, 520, 24
-    counts = random_counts(e, t - 11, torch.Generator().manual_seed(42), "random").to("cuda", torch.int32)
-    x = torch.randn(t, k, device="cuda", dtype=BF16, generator=gen)
-    dy = torch.randn(t, n, device="cuda", dtype=BF16, generator=gen)
-    shape = (e, n, k) if trans_b else (e, k, n)
-    out = torch.full(shape, float("nan"), device="cuda", dtype=torch.float32)
-    dw = moe_gemm_wgrad(x, dy, counts, trans_b=trans_b, out=out, backend=backend)
-    check_dw(dw, cutlass_moe.moe_gemm_wgrad_reference(x, dy, counts.cpu(), trans_b=trans_b), counts.cpu(), t,
-             trans_b)
-    assert torch.equal(moe_gemm_wgrad(x, dy, counts, trans_b=trans_b, out=torch.empty_like(out), backend=backend), dw)
 
 
 @gpu

@@ -115,7 +115,7 @@ class WgradTmaStoreEpilogue {
     int64_t ldd;
     int64_t expert_stride;
     bool accumulate;
-    bool evict_first = false;  // stores (not reduce-adds) with an L2 EVICT_FIRST policy (store_evict_first)
+    bool evict_first = false;  // stores with an L2 EVICT_FIRST policy (store_evict_first); not reduce-adds
   };
   struct Params {
     TmaStore store;
@@ -143,7 +143,7 @@ class WgradTmaStoreEpilogue {
     params.n = p.n;
     params.num_experts = p.num_experts;
     params.accumulate = args.accumulate;
-    params.evict_first = args.evict_first && !args.accumulate;
+    params.evict_first = args.evict_first;
     return params;
   }
 
@@ -245,12 +245,13 @@ class WgradTmaStoreEpilogue {
         if (params.accumulate) {
           auto parts = partition(params.reduce_add);
           copy(params.reduce_add, get<0>(parts), get<1>(parts));
-        } else if (params.evict_first) {
-          auto parts = partition(params.store);
-          store_evict_first(params.store.get_tma_descriptor(), get<0>(parts), get<1>(parts));
         } else {
           auto parts = partition(params.store);
-          copy(params.store, get<0>(parts), get<1>(parts));
+          if (params.evict_first) {
+            store_evict_first(params.store.get_tma_descriptor(), get<0>(parts), get<1>(parts));
+          } else {
+            copy(params.store, get<0>(parts), get<1>(parts));
+          }
         }
         tma_store_arrive();
       }

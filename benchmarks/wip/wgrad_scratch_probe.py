@@ -24,7 +24,11 @@ The patches and their switches (benchmarks/NOTES.md, thirty-seventh session):
   operands' loads EVICT_LAST (all exact). `wgrad_scratch_probe.py CUTLASS_MOE_SCRATCH_WGRAD_HINT 0123 123 5`.
 - wgrad_expert_groups.patch, CUTLASS_MOE_SCRATCH_WGRAD_GROUP,CUTLASS_MOE_SCRATCH_WGRAD_EVICT: groups of
   s experts (or light-heavy pairs, p) take turns tile by tile, with dW's stores EVICT_FIRST or not
-  (all exact); the command is in the patch's header.
+  (all exact); the command is in the patch's header. Measured and rejected (thirty-ninth session).
+- wgrad_fence_placement.patch, CUTLASS_MOE_SCRATCH_WGRAD_FENCE: where the proxy fence before each
+  TMA store sits: 0 in every consumer thread, 1 the store warp's leader after the handshake, 2 lane 1
+  of the store warp, 4 the whole store warp, 3 none (timing only). Measured: all within 1% (thirty-
+  ninth session). `wgrad_scratch_probe.py CUTLASS_MOE_SCRATCH_WGRAD_FENCE 01243 124 5`.
 - wgrad_five_buffers.patch, CUTLASS_MOE_SCRATCH_WGRAD_BUFFERS: 4 or 5 store buffers per consumer in
   use (five allocated; 3 stages either way). `wgrad_scratch_probe.py CUTLASS_MOE_SCRATCH_WGRAD_BUFFERS 45 5`."""
 import math

@@ -29,6 +29,9 @@ The patches and their switches (benchmarks/NOTES.md, thirty-seventh session):
   TMA store sits: 0 in every consumer thread, 1 the store warp's leader after the handshake, 2 lane 1
   of the store warp, 4 the whole store warp, 3 none (timing only). Measured: all within 1% (thirty-
   ninth session). `wgrad_scratch_probe.py CUTLASS_MOE_SCRATCH_WGRAD_FENCE 01243 124 5`.
+- wgrad_consumer_stagger.patch, CUTLASS_MOE_SCRATCH_WGRAD_STAGGER: consumer 1 starts 500 x the digit
+  cycles late. Measured: flat (thirty-ninth session).
+  `wgrad_scratch_probe.py CUTLASS_MOE_SCRATCH_WGRAD_STAGGER 01248 1248 5`.
 - wgrad_five_buffers.patch, CUTLASS_MOE_SCRATCH_WGRAD_BUFFERS: 4 or 5 store buffers per consumer in
   use (five allocated; 3 stages either way). `wgrad_scratch_probe.py CUTLASS_MOE_SCRATCH_WGRAD_BUFFERS 45 5`."""
 import math

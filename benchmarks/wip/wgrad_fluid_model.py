@@ -8,7 +8,9 @@ same time (an order's group) add their MMAs and their stores before the max. Wit
 thirty-sixth session traced (1,250 cycles per block, 1,300 per tile) the model gives dsv3's,
 gpt-oss's and qwen3-30b's wgrad on the bench's splits as 5.24 / 1.58 / 0.415 ms (measured
 5.47-5.87 / 1.58-1.60 / 0.42-0.43). It knows nothing of L2: an order that mixes experts costs L2
-reuse that the model does not charge (benchmarks/NOTES.md, thirty-eighth session).
+reuse that the model does not charge (benchmarks/NOTES.md, thirty-eighth session). Measured in the
+thirty-ninth session, the orders it forecast at 0.91-0.98 ran 1.01-1.09x slower: use it for one
+expert at a time only.
 
   python3 wgrad_fluid_model.py [--block 1250] [--tile 1300] [--clock 1.6] [--write 3.38]
 """

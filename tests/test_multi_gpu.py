@@ -89,32 +89,27 @@ def test_same_shapes_on_both_gpus(backend):
         assert torch.cuda.current_device() == 0
 
 
-@backends
-def test_current_stream_of_the_tensors_gpu(backend):
-    # torch.cuda.stream(s1) makes s1 the current stream of cuda:1 and, inside, cuda:1 the current
-    # device (torch.cuda.set_stream switches devices); torch.cuda.device(0) inside it makes cuda:0
-    # current again while cuda:1's current stream stays s1. That is the case under test: cuda:0
-    # current, tensors on cuda:1, cuda:1's current stream s1. s1 is first kept busy by a ~100 ms
-    # sleep; a kernel launched on s1 waits behind it, so snapshots of out taken meanwhile on a third
-    # stream s2 (which waits for nothing) are still all NaN. A kernel launched on cuda:1's default
-    # stream would have run by the second snapshot; one launched on cuda:0 would fail or write the
-    # snapshot too.
-    skip_unless_built(backend, BF16, "kn")
-    torch.cuda.set_device(0)
-    dev = torch.device("cuda", 1)
-    x, w, counts, out = _problem(dev, seed=2)
-    counts = counts.to(dev)
-    moe_gemm(x, w, counts, out=torch.empty_like(out), backend=backend)  # first-call setup outside the timing
-    torch.cuda.synchronize(dev)
+def _launched_on_current_stream(out, launch):
+    """launch() with cuda:0 current, the tensors (and out) on cuda:1, and cuda:1's current stream s1
+    kept busy by a ~100 ms sleep. torch.cuda.stream(s1) makes s1 the current stream of cuda:1 and,
+    inside, cuda:1 the current device (torch.cuda.set_stream switches devices); torch.cuda.device(0)
+    inside it makes cuda:0 current again while cuda:1's current stream stays s1. A kernel launched on
+    s1 waits behind the sleep, so snapshots of the NaN-poisoned out taken meanwhile on a third stream
+    s2 (which waits for nothing) are still all NaN. A kernel launched on cuda:1's default stream would
+    have run by the second snapshot; one launched on cuda:0 would fail or write the snapshot too.
+    Returns launch()'s result once s1 is done."""
+    dev = out.device
     s1 = torch.cuda.Stream(device=dev)
     s2 = torch.cuda.Stream(device=dev)
+    out.fill_(float("nan"))
+    torch.cuda.synchronize(dev)
     with torch.cuda.stream(s1):
         torch.cuda._sleep(SLEEP_CYCLES)  # on s1
         with torch.cuda.device(0):
             assert torch.cuda.current_device() == 0
             assert torch.cuda.current_stream(dev) == s1
             assert torch.cuda.current_stream(0) == torch.cuda.default_stream(0)
-            y = moe_gemm(x, w, counts, out=out, backend=backend)
+            result = launch()
             assert torch.cuda.current_device() == 0
     assert torch.cuda.current_device() == 0
     with torch.cuda.stream(s2):
@@ -127,8 +122,42 @@ def test_current_stream_of_the_tensors_gpu(backend):
     s2.synchronize()
     assert torch.isnan(snap.float()).all(), "out was written 10 ms after the call, during s1's sleep: not launched on s1"
     s1.synchronize()
+    return result
+
+
+@backends
+def test_current_stream_of_the_tensors_gpu(backend):
+    # cuda:0 current, tensors on cuda:1, cuda:1's current stream a side stream: the forward runs there.
+    skip_unless_built(backend, BF16, "kn")
+    torch.cuda.set_device(0)
+    dev = torch.device("cuda", 1)
+    x, w, counts, out = _problem(dev, seed=2)
+    counts = counts.to(dev)
+    moe_gemm(x, w, counts, out=torch.empty_like(out), backend=backend)  # first-call setup outside the timing
+    torch.cuda.synchronize(dev)
+    y = _launched_on_current_stream(out, lambda: moe_gemm(x, w, counts, out=out, backend=backend))
     assert y is out
     _check(out, x, w, counts, False)
+
+
+@pytest.mark.parametrize("family", [wgrad_backend_param(f) for f in ("moe", "grouped", "sm80_grouped")])
+def test_weight_gradient_on_the_current_stream_of_the_tensors_gpu(family):
+    # The same for moe_gemm_wgrad (the grouped families' argument-building and zero-fill launches too):
+    # every launch of the call must wait behind the sleep on cuda:1's current stream.
+    torch.cuda.set_device(0)
+    dev = torch.device("cuda", 1)
+    x, w, counts, dy = (t.to(dev) for t in _cpu_data(seed=26))
+    dw = torch.empty(w.shape, device=dev, dtype=BF16)
+    moe_gemm_wgrad(x, dy, counts, out=torch.empty_like(dw), backend=family)  # first-call setup
+    torch.cuda.synchronize(dev)
+    got = _launched_on_current_stream(dw, lambda: moe_gemm_wgrad(x, dy, counts, out=dw, backend=family))
+    assert got is dw
+    ref = moe_gemm_wgrad_reference(x.float(), dy.float(), counts.cpu())
+    for e, (lo, hi) in enumerate(expert_row_ranges(counts.cpu(), x.shape[0])):
+        if hi == lo:
+            assert bool((dw[e] == 0).all()), f"expert {e} has no rows: its dW must be exact zeros"
+        else:
+            _assert_close(dw[e], ref[e], f"dW of expert {e}")
 
 
 @pytest.mark.parametrize("argument", ["weights", "out", "tokens_per_expert"])

@@ -142,8 +142,8 @@ def test_current_stream_of_the_tensors_gpu(backend):
 
 @pytest.mark.parametrize("family", [wgrad_backend_param(f) for f in ("moe", "grouped", "sm80_grouped")])
 def test_weight_gradient_on_the_current_stream_of_the_tensors_gpu(family):
-    # The same for moe_gemm_wgrad (the grouped families' argument-building and zero-fill launches too):
-    # every launch of the call must wait behind the sleep on cuda:1's current stream.
+    # The same for moe_gemm_wgrad: dW stays NaN through the sleep on cuda:1's current stream, then is
+    # right (for the grouped families, after their argument-building and zero-fill launches too).
     torch.cuda.set_device(0)
     dev = torch.device("cuda", 1)
     x, w, counts, dy = (t.to(dev) for t in _cpu_data(seed=26))

@@ -152,12 +152,7 @@ def test_weight_gradient_on_the_current_stream_of_the_tensors_gpu(family):
     torch.cuda.synchronize(dev)
     got = _launched_on_current_stream(dw, lambda: moe_gemm_wgrad(x, dy, counts, out=dw, backend=family))
     assert got is dw
-    ref = moe_gemm_wgrad_reference(x.float(), dy.float(), counts.cpu())
-    for e, (lo, hi) in enumerate(expert_row_ranges(counts.cpu(), x.shape[0])):
-        if hi == lo:
-            assert bool((dw[e] == 0).all()), f"expert {e} has no rows: its dW must be exact zeros"
-        else:
-            _assert_close(dw[e], ref[e], f"dW of expert {e}")
+    _check_dw(dw.cpu(), x.cpu(), dy.cpu(), counts.cpu())
 
 
 @pytest.mark.parametrize("argument", ["weights", "out", "tokens_per_expert"])
@@ -213,6 +208,22 @@ def _assert_close(got, want, what, rel=1e-2):
     assert err <= rel, f"{what}: relative error {err:.3e}"
 
 
+def _check_dw(dw, x, dy, counts, start=None):
+    """dW (on the CPU) against the float32 reference, expert by expert: an expert without rows gets
+    exact zeros, or, accumulated onto `start`, leaves it untouched."""
+    ref = moe_gemm_wgrad_reference(x.float(), dy.float(), counts)
+    for e, (lo, hi) in enumerate(expert_row_ranges(counts, x.shape[0])):
+        if hi == lo:
+            if start is None:
+                assert bool((dw[e] == 0).all()), f"expert {e} has no rows: its dW must be exact zeros"
+            else:
+                assert torch.equal(dw[e], start[e]), f"expert {e} has no rows: its accumulator must be untouched"
+        elif start is None:
+            _assert_close(dw[e], ref[e], f"dW of expert {e}")
+        else:
+            _assert_close(dw[e] - start[e], ref[e], f"accumulated dW of expert {e}")
+
+
 @pytest.mark.parametrize("family", [wgrad_backend_param(f) for f in ("moe", "grouped", "sm80_grouped")])
 def test_weight_gradient_on_the_second_gpu(family):
     # moe_gemm_wgrad in bf16, and accumulated into an fp32 buffer (Megatron's main_grad), with the
@@ -227,14 +238,8 @@ def test_weight_gradient_on_the_second_gpu(family):
 
     on0, on1 = _on_each_gpu(run, x, dy, counts, start)
     _assert_same_bits(on0, on1, ["dW", "accumulated dW"])
-    ref = moe_gemm_wgrad_reference(x.float(), dy.float(), counts)
-    for e, (lo, hi) in enumerate(expert_row_ranges(counts, x.shape[0])):
-        if hi == lo:
-            assert bool((on1[0][e] == 0).all()), f"expert {e} has no rows: its dW must be exact zeros"
-            assert torch.equal(on1[1][e], start[e]), f"expert {e} has no rows: its accumulator must be untouched"
-        else:
-            _assert_close(on1[0][e], ref[e], f"dW of expert {e}")
-            _assert_close(on1[1][e] - start[e], ref[e], f"accumulated dW of expert {e}")
+    _check_dw(on1[0], x, dy, counts)
+    _check_dw(on1[1], x, dy, counts, start=start)
 
 
 @backends

@@ -179,6 +179,47 @@ def random_counts(num_experts: int, num_tokens: int, generator: torch.Generator,
     return counts
 
 
+def _assert_rows_close(got, want, what, rel):
+    """||got - want|| / ||want|| <= rel, and every element within 2e-2 * (|want| + rms(want)): bf16
+    rounding of the values and of the scale (see reference.assert_close_per_expert)."""
+    got, want = got.float(), want.float()
+    err = float((got - want).norm() / want.norm().clamp_min(1e-30))
+    assert err <= rel, f"{what}: relative error {err:.3e}"
+    rms = want.pow(2).mean().sqrt()
+    worst = float(((got - want).abs() / (2e-2 * (want.abs() + rms))).max())
+    assert worst <= 1, f"{what}: an element is {worst:.2f}x outside 2e-2 * (|ref| + rms)"
+
+
+def check_dw(dw, ref, counts, num_tokens, rel=1e-2, start=None):
+    """dW (E, ...) against the float32 reference `ref`, expert by expert (`counts` on the CPU): each
+    expert with rows within `rel`, element by element too; each expert without rows exact zeros, or,
+    accumulated onto `start` (accumulate=True), left exactly as `start` was."""
+    from cutlass_moe.reference import expert_row_ranges
+    assert dw.shape == ref.shape
+    for e, (lo, hi) in enumerate(expert_row_ranges(counts, num_tokens)):
+        if hi == lo:
+            if start is None:
+                assert bool((dw[e] == 0).all()), f"expert {e} has no rows: its gradient must be exact zeros"
+            else:
+                assert torch.equal(dw[e], start[e]), f"expert {e} has no rows: its accumulator must be untouched"
+        elif start is None:
+            _assert_rows_close(dw[e], ref[e], f"dW of expert {e}", rel)
+        else:
+            _assert_rows_close(dw[e].float() - start[e].float(), ref[e], f"accumulated dW of expert {e}", rel)
+
+
+def check_dx(dx, ref, counts, num_tokens, rel=1e-2):
+    """dx (T, K) against the float32 reference, expert by expert, as check_dw; rows past the last
+    owned row must be exact zeros."""
+    from cutlass_moe.reference import expert_row_ranges
+    ranges = expert_row_ranges(counts, num_tokens)
+    end = ranges[-1][1] if ranges else 0
+    assert bool((dx[end:] == 0).all()), "rows past the last owned row get dx = 0"
+    for e, (lo, hi) in enumerate(ranges):
+        if hi > lo:
+            _assert_rows_close(dx[lo:hi], ref[lo:hi], f"dx of expert {e}", rel)
+
+
 def graph_recorder():
     """(backend, targets): a torch.compile backend that runs AOT autograd and records, per compiled
     graph ("forward", "backward"), the sorted targets of its cutlass_moe ops (what a compiled graph

@@ -16,7 +16,8 @@ from cutlass_moe import moe_gemm, moe_gemm_gated, moe_gemm_wgrad
 from cutlass_moe.reference import (assert_close_per_expert, expert_row_ranges, moe_gemm_reference,
                                    moe_gemm_wgrad_reference)
 
-from conftest import HAS_CUDA, backend_param, random_counts, runs_here, skip_unless_built, wgrad_backend_param
+from conftest import (HAS_CUDA, backend_param, check_dw, check_dx, random_counts, runs_here, skip_unless_built,
+                      wgrad_backend_param)
 
 TWO_GPUS = HAS_CUDA and torch.cuda.device_count() >= 2
 SAME_ARCH = TWO_GPUS and torch.cuda.get_device_capability(0) == torch.cuda.get_device_capability(1)
@@ -152,7 +153,8 @@ def test_weight_gradient_on_the_current_stream_of_the_tensors_gpu(family):
     torch.cuda.synchronize(dev)
     got = _launched_on_current_stream(dw, lambda: moe_gemm_wgrad(x, dy, counts, out=dw, backend=family))
     assert got is dw
-    _check_dw(dw.cpu(), x.cpu(), dy.cpu(), counts.cpu())
+    counts = counts.cpu()
+    check_dw(dw.cpu(), moe_gemm_wgrad_reference(x.cpu(), dy.cpu(), counts), counts, x.shape[0])
 
 
 @pytest.mark.parametrize("argument", ["weights", "out", "tokens_per_expert"])
@@ -208,22 +210,6 @@ def _assert_close(got, want, what, rel=1e-2):
     assert err <= rel, f"{what}: relative error {err:.3e}"
 
 
-def _check_dw(dw, x, dy, counts, start=None):
-    """dW (on the CPU) against the float32 reference, expert by expert: an expert without rows gets
-    exact zeros, or, accumulated onto `start`, leaves it untouched."""
-    ref = moe_gemm_wgrad_reference(x.float(), dy.float(), counts)
-    for e, (lo, hi) in enumerate(expert_row_ranges(counts, x.shape[0])):
-        if hi == lo:
-            if start is None:
-                assert bool((dw[e] == 0).all()), f"expert {e} has no rows: its dW must be exact zeros"
-            else:
-                assert torch.equal(dw[e], start[e]), f"expert {e} has no rows: its accumulator must be untouched"
-        elif start is None:
-            _assert_close(dw[e], ref[e], f"dW of expert {e}")
-        else:
-            _assert_close(dw[e] - start[e], ref[e], f"accumulated dW of expert {e}")
-
-
 @pytest.mark.parametrize("family", [wgrad_backend_param(f) for f in ("moe", "grouped", "sm80_grouped")])
 def test_weight_gradient_on_the_second_gpu(family):
     # moe_gemm_wgrad in bf16, and accumulated into an fp32 buffer (Megatron's main_grad), with the
@@ -238,8 +224,9 @@ def test_weight_gradient_on_the_second_gpu(family):
 
     on0, on1 = _on_each_gpu(run, x, dy, counts, start)
     _assert_same_bits(on0, on1, ["dW", "accumulated dW"])
-    _check_dw(on1[0], x, dy, counts)
-    _check_dw(on1[1], x, dy, counts, start=start)
+    ref = moe_gemm_wgrad_reference(x, dy, counts)
+    check_dw(on1[0], ref, counts, x.shape[0])
+    check_dw(on1[1], ref, counts, x.shape[0], start=start)
 
 
 @backends
@@ -264,8 +251,8 @@ def test_backward_on_the_second_gpu(trans_b, backend):
     x32, w32 = x.float().requires_grad_(), w.float().requires_grad_()
     (moe_gemm_reference(x32, w32, counts, trans_b=trans_b) * dy.float()).sum().backward()
     assert_close_per_expert(on1[0], x, w, counts, trans_b=trans_b)
-    _assert_close(on1[1], x32.grad, "dx")
-    _assert_close(on1[2], w32.grad, "dW")
+    check_dx(on1[1], x32.grad, counts, x.shape[0])
+    check_dw(on1[2], w32.grad, counts, x.shape[0])
 
 
 FUSED_BACKENDS = ["auto", "moe", "sm80_moe"]
@@ -306,7 +293,9 @@ def test_fused_epilogue_and_gated_projection_on_the_second_gpu(backend):
     y32 = moe_gemm_reference(x32, w32, counts, bias=b32, activation="silu", row_scale=s32, gated=True)
     (y32 * half.float()).sum().backward()
     _assert_close(on1[2][:end], y32.detach()[:end], "moe_gemm_gated with grad")
-    for name, got, want in zip(["dx", "dW", "dbias", "drow_scale"], on1[3:], [x32.grad, w32.grad, b32.grad, s32.grad]):
+    check_dx(on1[3], x32.grad, counts, x.shape[0])
+    check_dw(on1[4], w32.grad, counts, x.shape[0])
+    for name, got, want in zip(["dbias", "drow_scale"], on1[5:], [b32.grad, s32.grad]):
         _assert_close(got, want, name)
 
 

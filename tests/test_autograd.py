@@ -284,6 +284,44 @@ def test_gmm_cpu_is_moe_gemm():
     torch.testing.assert_close(cutlass_moe.gmm(a, b, sizes, trans_b=True), moe_gemm(a, b, sizes, trans_b=True))
 
 
+def _autocast_checks(device, dtype=BF16):
+    """Under torch.autocast(device, dtype): moe_gemm, moe_gemm_gated and gmm compute from fp32 leaves
+    exactly what they compute from the leaves cast by hand, in the autocast dtype, and the leaves get
+    fp32 gradients; with out= nothing is cast; row_scale stays float32."""
+    gen = torch.Generator().manual_seed(30)
+    t, k, n, e = 96, 64, 32, 4
+    counts = torch.tensor([40, 0, 30, 20], device=device)  # 6 rows no expert owns
+    x = torch.randn(t, k, generator=gen).to(device).requires_grad_()
+    w = (torch.randn(e, k, n, generator=gen) * k ** -0.5).to(device).requires_grad_()
+    bias = (torch.randn(e, n, generator=gen) * 0.1).to(device)
+    probs = torch.rand(t, generator=gen).to(device)
+    dy = torch.randn(t, n, generator=gen).to(device, dtype)
+    with torch.autocast(device, dtype=dtype):
+        y = moe_gemm(x, w, counts)
+        via_gmm = cutlass_moe.gmm(x, w, counts)
+        with torch.no_grad():  # the fused kernel (a recorded gradient takes the composite path)
+            gated = cutlass_moe.moe_gemm_gated(x, w, counts, bias=bias, row_scale=probs)
+    xc, wc, bc = (v.detach().to(dtype) for v in (x, w, bias))
+    assert y.dtype == gated.dtype == via_gmm.dtype == dtype
+    assert torch.equal(y, moe_gemm(xc, wc, counts))
+    assert torch.equal(via_gmm, y)
+    assert torch.equal(gated, cutlass_moe.moe_gemm_gated(xc, wc, counts, bias=bc, row_scale=probs))
+    y.backward(dy)
+    assert x.grad.dtype == w.grad.dtype == torch.float32
+    ref_dx, ref_dw = reference_grads(xc, wc, counts.cpu(), False, dy)
+    check_dx(x.grad.cpu(), ref_dx.cpu(), counts.cpu(), t)
+    check_dw(w.grad.cpu(), ref_dw.cpu(), counts.cpu(), t)
+    if device == "cpu":  # float32 x and out= (the reference path): a cast x would not match out
+        out = torch.empty(t, n)
+        with torch.autocast(device, dtype=dtype):
+            assert moe_gemm(x.detach(), w.detach(), counts, out=out) is out
+            assert torch.equal(out[:90], moe_gemm_reference(x.detach(), w.detach(), counts)[:90])
+
+
+def test_autocast_casts_like_nn_linear_cpu():
+    _autocast_checks("cpu")
+
+
 # ---- GPU --------------------------------------------------------------------------------------
 
 gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
@@ -575,6 +613,36 @@ def test_grouped_mm_drop_in_matches_torch():
     xg, wg = x.clone().requires_grad_(), w.detach().clone().requires_grad_()
     cutlass_moe.grouped_mm(xg, wg, offs=offs).backward(dy)
     assert xg.grad is not None and wg.grad is not None
+
+
+@gpu
+@requires_kernels
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_autocast_casts_like_nn_linear_gpu(dtype):
+    _autocast_checks("cuda", dtype)
+
+
+@gpu
+@requires_kernels
+def test_autocast_compiled_and_grouped_mm_keeps_dtypes():
+    # torch.compile(fullgraph=True) sees the casts; grouped_mm, like torch._grouped_mm, casts nothing.
+    gen = torch.Generator(device="cuda").manual_seed(31)
+    x = torch.randn(300, 128, device="cuda", generator=gen)
+    w = torch.randn(3, 128, 64, device="cuda", generator=gen) * 128 ** -0.5
+    counts = torch.tensor([100, 0, 190], device="cuda")
+
+    def f(x, w, counts):
+        with torch.autocast("cuda", dtype=BF16):
+            return moe_gemm(x, w, counts)
+
+    compiled = torch.compile(f, fullgraph=True, dynamic=False)
+    eager = f(x, w, counts)
+    assert eager.dtype == BF16 and torch.equal(compiled(x, w, counts), eager)
+    xb, wb = x.to(BF16), w.to(BF16)
+    offs = torch.cumsum(counts, 0, dtype=torch.int32)
+    with torch.autocast("cuda", dtype=torch.float16):
+        got = cutlass_moe.grouped_mm(xb, wb, offs=offs)
+    assert got.dtype == BF16 and torch.equal(got, cutlass_moe.grouped_mm(xb, wb, offs=offs))
 
 
 @gpu

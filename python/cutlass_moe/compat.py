@@ -15,13 +15,14 @@ from typing import Optional
 
 import torch
 
-from .ops import moe_gemm, moe_gemm_wgrad
+from .ops import _any_autocast, moe_gemm, moe_gemm_wgrad
 
 
 def gmm(a: torch.Tensor, b: torch.Tensor, batch_sizes: torch.Tensor, trans_b: bool = False) -> torch.Tensor:
     """grouped_gemm's ``ops.gmm``: ``a`` (T, K) sorted by group, ``b`` (E, K, N) or, with
     ``trans_b``, (E, N, K); ``batch_sizes`` (E,) int64 on the CPU (or int32/int64 on a's GPU: no
-    host synchronization then). Returns (T, N): :func:`cutlass_moe.moe_gemm`."""
+    host synchronization then). Returns (T, N): :func:`cutlass_moe.moe_gemm` (which also follows
+    ``torch.autocast``, where grouped_gemm needs bf16 operands)."""
     return moe_gemm(a, b, batch_sizes, trans_b=trans_b)
 
 
@@ -46,12 +47,16 @@ def grouped_mm(mat_a: torch.Tensor, mat_b: torch.Tensor, offs: Optional[torch.Te
         (T, N), ``offs`` over T: returns (E, K, N), in mat_a's dtype or ``out_dtype=torch.float32``.
     Rows past ``offs[-1]`` are zeros in the 2D x 3D result and add nothing in 2D x 2D.
     Everything else (3D operands, no ``offs``, a ``bias``, other layouts or dtypes) goes to
-    ``torch._grouped_mm`` as it is.
+    ``torch._grouped_mm`` as it is. Like ``torch._grouped_mm``, nothing is cast under
+    ``torch.autocast``.
     """
     ours = (offs is not None and bias is None and mat_a.dim() == 2 and isinstance(mat_b, torch.Tensor)
             and mat_a.dtype in (torch.bfloat16, torch.float16) and mat_b.dtype == mat_a.dtype
             and mat_a.device.type == "cuda")
     if ours and mat_b.dim() == 3 and out_dtype in (None, mat_a.dtype) and mat_a.stride(-1) == 1:
+        if _any_autocast():  # torch._grouped_mm has no autocast rule: its operands keep their dtype
+            with torch.autocast(mat_a.device.type, enabled=False):
+                return moe_gemm(mat_a, mat_b, _counts_from_offsets(offs))
         return moe_gemm(mat_a, mat_b, _counts_from_offsets(offs))
     if (ours and mat_b.dim() == 2 and out_dtype in (None, mat_a.dtype, torch.float32) and mat_a.stride(0) == 1
             and mat_b.stride(-1) == 1):

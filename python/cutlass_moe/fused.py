@@ -22,9 +22,9 @@ from typing import NamedTuple, Optional
 import torch
 
 from . import _C
-from .ops import (_ACTIVATION_IDS, _BACKENDS, _CONFIGS, _DTYPES, _Resolved, _check_moe_gemm, _check_out,
-                  _check_tensor, _compiled, _launch, _moe_gemm_impl, _on_device, _plan, _records_graph, _stream,
-                  _traced, _weight_layout, define_launch_op, moe_gemm, moe_gemm_wgrad)
+from .ops import (_ACTIVATION_IDS, _BACKENDS, _CONFIGS, _DTYPES, _Resolved, _any_autocast, _autocast,
+                  _check_moe_gemm, _check_out, _check_tensor, _compiled, _launch, _moe_gemm_impl, _on_device, _plan,
+                  _records_graph, _stream, _traced, _weight_layout, define_launch_op, moe_gemm, moe_gemm_wgrad)
 from .reference import ACTIVATIONS, GATED_ACTIVATIONS, gated_activation
 
 
@@ -349,6 +349,9 @@ def moe_gemm_gated(
     Returns:
         (T, N/2) of x's dtype; rows no expert owns are zeros (in a new output).
 
+    Under ``torch.autocast`` (and without ``out``), x, weights and bias are cast to the autocast
+    dtype first, as in :func:`moe_gemm`.
+
     Where it runs: the MoE kernels' epilogue (``moe``, ``sm80_moe``) when no gradient is recorded; otherwise the
     plain GEMM, then the activation as torch operations, differentiable in x, weights, bias and
     row_scale (see ``cutlass_moe.fused``).
@@ -373,6 +376,8 @@ def moe_gemm_gated(
     if isinstance(weights, (tuple, list)):
         raise TypeError("weights: expected one tensor with gate and up interleaved column by column; "
                         "build it with cutlass_moe.interleave_gate_up(gate, up)")
+    if out is None and _any_autocast():
+        x, weights, bias = _autocast(x, weights, bias)
     num_tokens, _, _, n = _check_moe_gemm(x, weights, tokens_per_expert, trans_b, None, backend, config)
     if n % 2:
         raise ValueError(f"weights: N = {n} must be even for a gated projection (gate and up interleaved "

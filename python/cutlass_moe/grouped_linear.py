@@ -66,25 +66,14 @@ from torch import nn
 from . import _C
 from .fused import FusedArgs, _runs_fused_kernel, gated_activation_of, interleave_gate_up, moe_gemm_gated
 from .ops import _ACTIVATION_IDS, _BACKENDS, _CONFIGS, _DTYPES as _CORE_DTYPES  # the core's ids
-from .ops import (_check_tensor, _compiled, _new_workspace, _on_device, _plan, _records_graph, _stream, _traced,
-                  _weight_layout, define_launch_op)
+from .ops import (_autocast, _check_tensor, _compiled, _new_workspace, _on_device, _plan, _records_graph, _stream,
+                  _traced, _weight_layout, define_launch_op)
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 GATED_MLP_ACTIVATIONS = ("silu", "gelu", "gelu_tanh", "relu")  # gelu: the erf form; gelu_tanh: tanh approximation
 
 
 # ---- grouped_linear ------------------------------------------------------------------------------
-
-def _autocast(*tensors):
-    """Under torch.autocast for the tensors' device, floating tensors in the autocast dtype (as
-    nn.Linear's matmul gets them; the casts are differentiable, so fp32 parameters get fp32
-    gradients); otherwise the tensors unchanged."""
-    first = tensors[0]
-    if not isinstance(first, torch.Tensor) or not torch.is_autocast_enabled(first.device.type):
-        return tensors
-    dtype = torch.get_autocast_dtype(first.device.type)
-    return tuple(t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in tensors)
-
 
 def _check_grouped_linear(x, weight, bias, out) -> torch.Tensor:
     """Everything a user can get wrong that is visible without reading data; returns x as (B, G, K)."""

@@ -31,6 +31,22 @@ MAX_TOKENS = _C.MAX_TOKENS  # rows of x and out the kernels take (2^31 - 1024)
 _CPU_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
+# One C call that says whether any autocast is on: the hot paths ask it first, and the device-typed
+# query only when it says yes (torch's private helper; where a torch lacks it, always ask).
+_any_autocast = getattr(torch._C, "_is_any_autocast_enabled", lambda: True)
+
+
+def _autocast(*tensors):
+    """Under torch.autocast for the first tensor's device type, the floating tensors in the autocast
+    dtype (as nn.Linear's matmul gets them; the casts are differentiable, so fp32 parameters get fp32
+    gradients); otherwise the tensors unchanged. None and non-tensors pass through."""
+    first = tensors[0]
+    if not isinstance(first, torch.Tensor) or not torch.is_autocast_enabled(first.device.type):
+        return tensors
+    dtype = torch.get_autocast_dtype(first.device.type)
+    return tuple(t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in tensors)
+
+
 def _check_tensor(name: str, t, ndim: int) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
@@ -515,6 +531,10 @@ def moe_gemm(
         are cut off at T, on the device). In a new output the rows past the last owned row are
         zeros; a given ``out`` keeps them as they were.
 
+    Under ``torch.autocast`` for x's device type (and without ``out``), x, weights and bias are cast
+    to the autocast dtype first, as ``nn.Linear`` gets them (fp32 parameters get fp32 gradients);
+    row_scale stays float32.
+
     Autograd: differentiable in x and weights (``torch.ops.cutlass_moe.moe_gemm``). The gradient
     of x (dgrad) is this op again with the weights read in the other layout, ``dx_e = dy_e @ W_e^T``
     (no copy); the gradient of the weights is :func:`moe_gemm_wgrad`. Rows past the last owned
@@ -535,6 +555,8 @@ def moe_gemm(
         >>> bool(torch.allclose(y.float(), ref, rtol=2e-2, atol=1e-1))
         True
     """
+    if out is None and _any_autocast():
+        x, weights, bias = _autocast(x, weights, bias)
     plain = bias is None and activation in (None, "none") and row_scale is None
     if plain and out is None and not torch.compiler.is_compiling():
         # The eager hot path: the checks and the plan once per signature (_resolved_call).

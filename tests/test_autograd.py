@@ -184,6 +184,40 @@ def test_compile_fullgraph_cpu():
     assert model.w_gate.grad is not None and model.w_down.grad is not None
 
 
+def _checkpointed_grads_are_the_same_bits(device, dtype, tokens, hidden, inter):
+    """Activation checkpointing (torch.utils.checkpoint, non-reentrant, as torchtitan and Megatron
+    recompute a layer) over the MoE MLP: the recomputed forward gives the same bits, so every
+    gradient equals the one without checkpointing bitwise (the kernels are deterministic)."""
+    torch.manual_seed(0)
+    model = MoeMLP(8, hidden, inter, 2, ours, dtype, device)
+    x = torch.randn(tokens, hidden, dtype=dtype, device=device)
+
+    def grads(run):
+        model.zero_grad(set_to_none=True)
+        xg = x.clone().requires_grad_()
+        run(xg).float().pow(2).sum().backward()
+        return [xg.grad] + [p.grad for p in model.parameters()]
+
+    def checkpointed(v):
+        return torch.utils.checkpoint.checkpoint(model, v, use_reentrant=False)
+
+    plain = grads(model)
+    names = ["x"] + [n for n, _ in model.named_parameters()]
+    for name, a, b in zip(names, plain, grads(checkpointed)):
+        assert a is not None and torch.equal(a, b), f"{name}: the checkpointed gradient differs"
+    # Under torch.compile(fullgraph=True) too (the checkpoint becomes a higher-order op around the
+    # launch ops). Inductor fuses the SiLU and the products in float32 where eager rounds in between:
+    # the gradients agree to the dtype's rounding as a whole.
+    torch._dynamo.reset()
+    for name, a, b in zip(names, plain, grads(torch.compile(checkpointed, fullgraph=True))):
+        err = (b.float() - a.float()).norm() / a.float().norm()
+        assert err < 2e-2, f"{name}: the compiled checkpointed gradient's relative error is {err:.3e}"
+
+
+def test_activation_checkpointing_cpu():
+    _checkpointed_grads_are_the_same_bits("cpu", torch.float32, 40, 32, 16)
+
+
 def test_compiled_graphs_call_the_launch_ops_cpu():
     # Compiled graphs call the launch-only ops (no Python autograd layer per call): the forward and
     # the dgrad through cutlass_moe::moe_gemm_launch, the wgrad through moe_gemm_wgrad_launch.
@@ -550,6 +584,12 @@ def test_compile_fullgraph_gpu_matches_eager():
 
 @gpu
 @requires_kernels
+def test_activation_checkpointing_gpu():
+    _checkpointed_grads_are_the_same_bits("cuda", BF16, 512, 256, 128)
+
+
+@gpu
+@requires_kernels
 def test_compile_dynamic_token_counts_gpu():
     _compile_dynamic_token_counts("cuda", BF16, "inductor")
 
@@ -643,6 +683,68 @@ def test_autocast_compiled_and_grouped_mm_keeps_dtypes():
     with torch.autocast("cuda", dtype=torch.float16):
         got = cutlass_moe.grouped_mm(xb, wb, offs=offs)
     assert got.dtype == BF16 and torch.equal(got, cutlass_moe.grouped_mm(xb, wb, offs=offs))
+
+
+@gpu
+@requires_kernels
+def test_inference_mode_gives_the_no_grad_bits():
+    # Serving stacks run under torch.inference_mode: the same kernels as under no_grad, the same bits.
+    gen = torch.Generator(device="cuda").manual_seed(32)
+    x = torch.randn(300, 128, device="cuda", dtype=BF16, generator=gen)
+    w = torch.randn(3, 128, 64, device="cuda", dtype=BF16, generator=gen) * 128 ** -0.5
+    counts = torch.tensor([100, 0, 190], device="cuda")
+    probs = torch.rand(300, device="cuda", generator=gen)
+    linear = cutlass_moe.GroupedLinear(4, 128, 64, device="cuda", dtype=BF16)
+    mlp = cutlass_moe.GroupedMLP(4, 128, 96, 64, device="cuda", dtype=BF16)
+    xg = x[:288].view(72, 4, 128)
+
+    def run():
+        return (moe_gemm(x, w, counts), moe_gemm(x, w, counts, activation="silu", row_scale=probs),
+                cutlass_moe.moe_gemm_gated(x, w, counts, row_scale=probs), linear(xg), mlp(xg))
+
+    with torch.no_grad():
+        want = run()
+    with torch.inference_mode():
+        got = run()
+    for i, (a, b) in enumerate(zip(got, want)):
+        assert a.is_inference() and torch.equal(a, b), f"result {i} differs under inference_mode"
+
+
+@gpu
+@requires_kernels
+def test_deterministic_algorithms_mode(monkeypatch):
+    # Under torch.use_deterministic_algorithms(True) no entry point raises (none uses an op torch
+    # flags as nondeterministic), and two runs of forward and backward give the same bits.
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # torch's condition for its cuBLAS GEMMs
+    gen = torch.Generator(device="cuda").manual_seed(33)
+    x = torch.randn(300, 128, device="cuda", dtype=BF16, generator=gen)
+    w = torch.randn(3, 128, 64, device="cuda", dtype=BF16, generator=gen) * 128 ** -0.5
+    bias = torch.randn(3, 64, device="cuda", dtype=BF16, generator=gen) * 0.1
+    counts = torch.tensor([100, 0, 190], device="cuda")
+    probs = torch.rand(300, device="cuda", generator=gen)
+    torch.manual_seed(34)
+    linear = cutlass_moe.GroupedLinear(4, 128, 64, device="cuda", dtype=BF16)
+    mlp = cutlass_moe.GroupedMLP(4, 128, 96, 64, bias=True, device="cuda", dtype=BF16)
+
+    def run():
+        leaves = [t.clone().requires_grad_() for t in (x, w, bias, probs)]
+        xl, wl, bl, pl = leaves
+        outs = [moe_gemm(xl, wl, counts, bias=bl, activation="gelu", row_scale=pl),
+                cutlass_moe.moe_gemm_gated(xl, wl, counts, bias=bl, row_scale=pl),
+                linear(xl[:288].view(72, 4, 128)), mlp(xl[:288].view(72, 4, 128))]
+        sum(o.float().pow(2).sum() for o in outs).backward()
+        grads = [t.grad for t in leaves] + [p.grad for p in (*linear.parameters(), *mlp.parameters())]
+        linear.zero_grad(set_to_none=True)
+        mlp.zero_grad(set_to_none=True)
+        return [o.detach() for o in outs] + grads
+
+    torch.use_deterministic_algorithms(True)
+    try:
+        first, second = run(), run()
+    finally:
+        torch.use_deterministic_algorithms(False)
+    for i, (a, b) in enumerate(zip(first, second)):
+        assert a is not None and torch.equal(a, b), f"tensor {i} differs between two runs"
 
 
 @gpu

@@ -184,7 +184,7 @@ def test_compile_fullgraph_cpu():
     assert model.w_gate.grad is not None and model.w_down.grad is not None
 
 
-def _checkpointed_grads_are_the_same_bits(device, dtype, tokens, hidden, inter):
+def _checkpointed_grads_are_the_same_bits(device, dtype, tokens, hidden, inter, compile_backend):
     """Activation checkpointing (torch.utils.checkpoint, non-reentrant, as torchtitan and Megatron
     recompute a layer) over the MoE MLP: the recomputed forward gives the same bits, so every
     gradient equals the one without checkpointing bitwise (the kernels are deterministic)."""
@@ -209,13 +209,15 @@ def _checkpointed_grads_are_the_same_bits(device, dtype, tokens, hidden, inter):
     # launch ops). Inductor fuses the SiLU and the products in float32 where eager rounds in between:
     # the gradients agree to the dtype's rounding as a whole.
     torch._dynamo.reset()
-    for name, a, b in zip(names, plain, grads(torch.compile(checkpointed, fullgraph=True))):
+    compiled = torch.compile(checkpointed, fullgraph=True, backend=compile_backend)
+    for name, a, b in zip(names, plain, grads(compiled)):
         err = (b.float() - a.float()).norm() / a.float().norm()
         assert err < 2e-2, f"{name}: the compiled checkpointed gradient's relative error is {err:.3e}"
 
 
 def test_activation_checkpointing_cpu():
-    _checkpointed_grads_are_the_same_bits("cpu", torch.float32, 40, 32, 16)
+    # aot_eager: the same graphs without Inductor's C++ build (a minute on a cold 2-core machine)
+    _checkpointed_grads_are_the_same_bits("cpu", torch.float32, 40, 32, 16, "aot_eager")
 
 
 def test_compiled_graphs_call_the_launch_ops_cpu():
@@ -585,7 +587,7 @@ def test_compile_fullgraph_gpu_matches_eager():
 @gpu
 @requires_kernels
 def test_activation_checkpointing_gpu():
-    _checkpointed_grads_are_the_same_bits("cuda", BF16, 512, 256, 128)
+    _checkpointed_grads_are_the_same_bits("cuda", BF16, 512, 256, 128, "inductor")
 
 
 @gpu

@@ -215,6 +215,37 @@ def _checkpointed_grads_are_the_same_bits(device, dtype, tokens, hidden, inter, 
         assert err < 2e-2, f"{name}: the compiled checkpointed gradient's relative error is {err:.3e}"
 
 
+def _counts_as_views(device):
+    """tokens_per_expert as a strided view (a column of a 2-D table) or an expanded one (stride 0, one
+    element of storage): the forward, the fused epilogue, the backward and the weight gradient read the
+    counts the view holds, the same bits as from a contiguous copy."""
+    gen = torch.Generator().manual_seed(35)
+    t, k, n, e = 300, 64, 32, 4
+    x = torch.randn(t, k, generator=gen).to(device, BF16)
+    w = (torch.randn(e, k, n, generator=gen) * k ** -0.5).to(device, BF16)
+    dy = torch.randn(t, n, generator=gen).to(device, BF16)
+    table = torch.tensor([[100, 7], [0, 7], [150, 7], [40, 7]], device=device)
+    views = [table[:, 0], torch.tensor([70], device=device).expand(e)]
+    for view in views:
+        dense = view.contiguous()
+        assert not view.is_contiguous()
+
+        def run(counts):
+            xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
+            y = moe_gemm(xg, wg, counts)
+            y.backward(dy)
+            with torch.no_grad():
+                fused = moe_gemm(x, w, counts, activation="relu", row_scale=torch.ones(t, device=device))
+            return y.detach(), fused, xg.grad, wg.grad, moe_gemm_wgrad(x, dy, counts, out_dtype=torch.float32)
+
+        for i, (a, b) in enumerate(zip(run(view), run(dense))):
+            assert torch.equal(a, b), f"{tuple(view.stride())}-strided counts: result {i} differs"
+
+
+def test_counts_as_strided_views_cpu():
+    _counts_as_views("cpu")
+
+
 def test_activation_checkpointing_cpu():
     # aot_eager: the same graphs without Inductor's C++ build (a minute on a cold 2-core machine)
     _checkpointed_grads_are_the_same_bits("cpu", torch.float32, 40, 32, 16, "aot_eager")
@@ -747,6 +778,12 @@ def test_deterministic_algorithms_mode(monkeypatch):
         torch.use_deterministic_algorithms(False)
     for i, (a, b) in enumerate(zip(first, second)):
         assert a is not None and torch.equal(a, b), f"tensor {i} differs between two runs"
+
+
+@gpu
+@requires_kernels
+def test_counts_as_strided_views_gpu():
+    _counts_as_views("cuda")
 
 
 @gpu

@@ -47,8 +47,33 @@ def test_bad_arguments_name_themselves():
         moe_gemm(x, w, counts, activation="swish")
     with pytest.raises(ValueError, match="^row_scale: expected 64 entries"):
         moe_gemm(x, w, counts, row_scale=scale[:10])
-    with pytest.raises(TypeError, match="^row_scale: expected dtype torch.float32"):
+    with pytest.raises(TypeError, match="^row_scale: expected dtype torch.float32 or x's torch.bfloat16"):
         moe_gemm(x, w, counts, row_scale=scale.double())
+    with pytest.raises(TypeError, match="^row_scale: expected dtype torch.float32 or x's torch.bfloat16"):
+        moe_gemm(x, w, counts, row_scale=scale.half())
+
+
+def _row_scale_in_x_dtype(device, dtype):
+    """A row scale in x's dtype (Hugging Face casts its routing weights so) computes what its float32
+    copy does, in moe_gemm and moe_gemm_gated, and its gradient comes back in its own dtype."""
+    x, w, bias, scale, counts = make(96, 64, 32, 4, dtype, device)
+    counts = counts.to(device)
+    half = scale.to(dtype)
+    for gated in (False, True):
+        gemm = cutlass_moe.moe_gemm_gated if gated else lambda *a, **kw: moe_gemm(*a, activation="silu", **kw)
+        with torch.no_grad():  # the fused kernel on the GPU
+            assert torch.equal(gemm(x, w, counts, bias=bias, row_scale=half),
+                               gemm(x, w, counts, bias=bias, row_scale=half.float()))
+        grads = []
+        for s in (half, half.float()):
+            s = s.clone().requires_grad_()
+            gemm(x, w, counts, bias=bias, row_scale=s).float().pow(2).sum().backward()
+            grads.append(s.grad)
+        assert grads[0].dtype == dtype and torch.equal(grads[0], grads[1].to(dtype))
+
+
+def test_row_scale_in_x_dtype_cpu():
+    _row_scale_in_x_dtype("cpu", torch.bfloat16)
 
 
 @pytest.mark.parametrize("counts", [[40, 0, 25], [70, 0, 5], [-4, 30, 2**40], [0, 0, 0], [2**63 - 1, -2**63, 3]])
@@ -174,6 +199,12 @@ def test_gpu_gradients_through_the_composite_path(dtype, trans_b, activation):
     moe_gemm_reference(ref_leaves[0], ref_leaves[1], counts, trans_b=trans_b, bias=ref_leaves[2],
                        activation=activation, row_scale=ref_leaves[3]).backward(dy.float().cpu())
     check_grads(leaves, ref_leaves, counts, t, activation)
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_row_scale_in_x_dtype_gpu(dtype):
+    _row_scale_in_x_dtype("cuda", dtype)
 
 
 @gpu

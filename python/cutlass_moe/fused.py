@@ -63,7 +63,7 @@ def _check_fused(x, fused: FusedArgs, num_experts: int, n: int) -> None:
             raise ValueError(f"row_scale: expected {x.shape[0]} entries (one per row of x), got {row_scale.shape[0]}")
         # float64 too on the CPU reference path with float64 x (torch.autograd.gradcheck)
         if row_scale.dtype != torch.float32 and not (x.device.type == "cpu" and row_scale.dtype == x.dtype):
-            raise TypeError(f"row_scale: expected dtype torch.float32, got {row_scale.dtype}")
+            raise TypeError(f"row_scale: expected dtype torch.float32 or x's {x.dtype}, got {row_scale.dtype}")
         if row_scale.device != x.device:
             raise ValueError(f"row_scale: on {row_scale.device}, expected x's device {x.device}")
         if x.shape[0] > 1 and row_scale.stride(0) != 1:
@@ -297,6 +297,11 @@ def moe_gemm_fused(x, weights, tokens_per_expert, trans_b, out, backend, config,
     (out: checked against the fused output's shape)."""
     num_experts = weights.shape[0]
     n = weights.shape[1] if trans_b else weights.shape[2]
+    scale = fused.row_scale
+    if isinstance(scale, torch.Tensor) and scale.dtype in (torch.float16, torch.bfloat16) and scale.dtype == x.dtype:
+        # Router weights in the activations' dtype (Hugging Face's MoE blocks cast them so): read as
+        # float32, exactly; the cast is differentiable, so drow_scale comes back in their dtype.
+        fused = fused._replace(row_scale=scale.float())
     _check_fused(x, fused, num_experts, n)
     if _records_graph(x, weights, fused.bias, fused.row_scale):
         if out is not None:
@@ -341,7 +346,8 @@ def moe_gemm_gated(
             ``(clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g)`` with ``g = min(gate, limit)``.
         bias: optional (E, N) of x's dtype, interleaved like the weights (gate's bias at even
             columns), added before the activation: gpt-oss's biases on both projections.
-        row_scale: optional (T,) float32 factors multiplying each output row.
+        row_scale: optional (T,) float32 factors multiplying each output row (or in x's dtype,
+            read as float32).
         alpha, limit: the ``"swiglu_oai"`` constants (gpt-oss: 1.702 and 7.0).
         out: optional (T, N/2) tensor of x's dtype to write into (not differentiable).
         backend, config: as in :func:`moe_gemm`.

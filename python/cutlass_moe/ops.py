@@ -307,7 +307,7 @@ def _launch(r: _Resolved, x, weights, tokens_per_expert, out, fused=None) -> tor
         ldout = out.stride(0) if num_tokens > 1 else r.out_cols
     if num_tokens == 0 or r.n == 0:
         return out
-    counts = tokens_per_expert
+    counts = tokens_per_expert.contiguous()  # the kernels read E consecutive counts: not a strided view's
     if r.host_counts:
         counts = counts.to(r.torch_device, non_blocking=True)
     # A new output's rows past the owned rows become zeros: in the same core call where the counts are
@@ -517,7 +517,7 @@ def moe_gemm(
         activation: optional ``"relu"``, ``"gelu_tanh"``, ``"gelu"`` (erf) or ``"silu"``, applied
             after the bias.
         row_scale: optional (T,) float32 tensor multiplying each output row last (the router
-            weight of the down projection).
+            weight of the down projection); one in x's dtype is read as float32.
             The three run in the epilogue of the MoE families (``moe``, ``sm80_moe``), in fp32
             from the accumulators, when the call records no gradient (under torch.compile too,
             as ``torch.ops.cutlass_moe.moe_gemm_fused``). Otherwise (a gradient is recorded, the
@@ -682,7 +682,7 @@ def _moe_gemm_wgrad_impl(x, grad_out, tokens_per_expert, trans_b, out, accumulat
         return out
     r = resolved or _check_wgrad_call(x, grad_out, tokens_per_expert, trans_b, out, accumulate, out_dtype, backend,
                                       config)
-    counts = tokens_per_expert
+    counts = tokens_per_expert.contiguous()  # the kernel reads E consecutive counts: not a strided view's
     if r.host_counts:
         _check_host_counts(counts, x.shape[0])
     if out is None:

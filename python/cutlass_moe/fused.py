@@ -298,7 +298,7 @@ def moe_gemm_fused(x, weights, tokens_per_expert, trans_b, out, backend, config,
     num_experts = weights.shape[0]
     n = weights.shape[1] if trans_b else weights.shape[2]
     scale = fused.row_scale
-    if isinstance(scale, torch.Tensor) and scale.dtype in (torch.float16, torch.bfloat16) and scale.dtype == x.dtype:
+    if isinstance(scale, torch.Tensor) and scale.dtype == x.dtype and scale.dtype in (torch.float16, torch.bfloat16):
         # Router weights in the activations' dtype (Hugging Face's MoE blocks cast them so): read as
         # float32, exactly; the cast is differentiable, so drow_scale comes back in their dtype.
         fused = fused._replace(row_scale=scale.float())

@@ -533,7 +533,7 @@ def moe_gemm(
 
     Under ``torch.autocast`` for x's device type (and without ``out``), x, weights and bias are cast
     to the autocast dtype first, as ``nn.Linear`` gets them (fp32 parameters get fp32 gradients);
-    row_scale stays float32.
+    row_scale is not cast.
 
     Autograd: differentiable in x and weights (``torch.ops.cutlass_moe.moe_gemm``). The gradient
     of x (dgrad) is this op again with the weights read in the other layout, ``dx_e = dy_e @ W_e^T``

@@ -54,16 +54,19 @@ def test_bad_arguments_name_themselves():
 
 
 def _row_scale_in_x_dtype(device, dtype):
-    """A row scale in x's dtype (Hugging Face casts its routing weights so) computes what its float32
-    copy does, in moe_gemm and moe_gemm_gated, and its gradient comes back in its own dtype."""
+    """A row scale in x's dtype (Hugging Face casts its routing weights so), or a strided view (a
+    column of top-k weights), computes what its contiguous float32 copy does, in moe_gemm and
+    moe_gemm_gated, and its gradient comes back in its own dtype."""
     x, w, bias, scale, counts = make(96, 64, 32, 4, dtype, device)
     counts = counts.to(device)
     half = scale.to(dtype)
+    column = torch.stack([half.float(), scale], 1)[:, 0]
     for gated in (False, True):
         gemm = cutlass_moe.moe_gemm_gated if gated else lambda *a, **kw: moe_gemm(*a, activation="silu", **kw)
         with torch.no_grad():  # the fused kernel on the GPU
-            assert torch.equal(gemm(x, w, counts, bias=bias, row_scale=half),
-                               gemm(x, w, counts, bias=bias, row_scale=half.float()))
+            want = gemm(x, w, counts, bias=bias, row_scale=half.float())
+            assert torch.equal(gemm(x, w, counts, bias=bias, row_scale=half), want)
+            assert torch.equal(gemm(x, w, counts, bias=bias, row_scale=column), want)
         grads = []
         for s in (half, half.float()):
             s = s.clone().requires_grad_()
@@ -74,6 +77,27 @@ def _row_scale_in_x_dtype(device, dtype):
 
 def test_row_scale_in_x_dtype_cpu():
     _row_scale_in_x_dtype("cpu", torch.bfloat16)
+
+
+def test_registered_ops_called_directly_check_their_arguments():
+    # torch.ops.cutlass_moe.* is public (torch.compile and export call it): a direct call gets the
+    # public functions' errors, naming the argument, before anything reaches a kernel.
+    x, w, bias, scale, counts = make(64, 32, 16, 4, torch.bfloat16, "cpu")
+    fused = torch.ops.cutlass_moe.moe_gemm_fused
+    args = dict(bias=None, activation="silu", row_scale=None, gated=False, alpha=1.702, limit=7.0, backend="auto",
+                config="auto")
+    with pytest.raises(ValueError, match="^bias: expected shape"):
+        fused(x, w, counts, False, **{**args, "bias": bias[:, :8]})
+    with pytest.raises(ValueError, match="^row_scale: expected 64 entries"):
+        fused(x, w, counts, False, **{**args, "row_scale": scale[:10]})
+    with pytest.raises(ValueError, match="^row_scale: must be contiguous"):
+        fused(x, w, counts, False, **{**args, "row_scale": scale[:1].expand(64)})
+    with pytest.raises(ValueError, match="^weights: N = 15 must be even"):
+        fused(x, w[..., :15], counts, False, **{**args, "gated": True})
+    with pytest.raises(ValueError, match="^tokens_per_expert: expected 4 entries"):
+        fused(x, w, counts[:3], False, **args)
+    with pytest.raises(ValueError, match="^bias: expected shape"):
+        torch.ops.cutlass_moe.grouped_linear(x.view(16, 4, 32), w, bias[:, :8])
 
 
 @pytest.mark.parametrize("counts", [[40, 0, 25], [70, 0, 5], [-4, 30, 2**40], [0, 0, 0], [2**63 - 1, -2**63, 3]])

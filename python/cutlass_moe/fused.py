@@ -39,8 +39,16 @@ class FusedArgs(NamedTuple):
     limit: float = 7.0
 
 
+def _check_gated_n(n: int) -> None:
+    if n % 2:
+        raise ValueError(f"weights: N = {n} must be even for a gated projection (gate and up interleaved "
+                         "column by column: cutlass_moe.interleave_gate_up)")
+
+
 def _check_fused(x, fused: FusedArgs, num_experts: int, n: int) -> None:
     bias, row_scale = fused.bias, fused.row_scale
+    if fused.gated:
+        _check_gated_n(n)
     allowed = GATED_ACTIVATIONS if fused.gated else tuple(ACTIVATIONS)
     if fused.activation not in allowed:
         hint = " ('swiglu_oai' is gated: moe_gemm_gated)" if fused.activation == "swiglu_oai" else ""
@@ -274,6 +282,10 @@ def _moe_gemm_fused_call(x, weights, tokens_per_expert, trans_b, bias, activatio
 def _moe_gemm_fused_op(x: torch.Tensor, weights: torch.Tensor, tokens_per_expert: torch.Tensor, trans_b: bool,
                        bias: Optional[torch.Tensor], activation: str, row_scale: Optional[torch.Tensor], gated: bool,
                        alpha: float, limit: float, backend: str, config: str) -> torch.Tensor:
+    # Reached by a direct torch.ops call or an exported program, not by the public functions (which
+    # checked already): the same checks, so that no argument reaches a kernel unchecked.
+    _, _, num_experts, n = _check_moe_gemm(x, weights, tokens_per_expert, trans_b, None, backend, config)
+    _check_fused(x, FusedArgs(bias, activation, row_scale, gated, alpha, limit), num_experts, n)
     return _moe_gemm_fused_call(x, weights, tokens_per_expert, trans_b, bias, activation, row_scale, gated, alpha,
                                 limit, backend, config)
 
@@ -298,10 +310,13 @@ def moe_gemm_fused(x, weights, tokens_per_expert, trans_b, out, backend, config,
     num_experts = weights.shape[0]
     n = weights.shape[1] if trans_b else weights.shape[2]
     scale = fused.row_scale
-    if isinstance(scale, torch.Tensor) and scale.dtype == x.dtype and scale.dtype in (torch.float16, torch.bfloat16):
-        # Router weights in the activations' dtype (Hugging Face's MoE blocks cast them so): read as
-        # float32, exactly; the cast is differentiable, so drow_scale comes back in their dtype.
-        fused = fused._replace(row_scale=scale.float())
+    if isinstance(scale, torch.Tensor) and (scale.dtype != torch.float32 or not scale.is_contiguous()):
+        # Router weights in the activations' dtype (Hugging Face's MoE blocks cast them so) are read as
+        # float32, exactly, and a strided view (a column of top-k weights) as a contiguous copy: both
+        # casts are differentiable, so drow_scale comes back in the given dtype and layout.
+        if scale.dtype == x.dtype and scale.dtype in (torch.float16, torch.bfloat16):
+            scale = scale.float()
+        fused = fused._replace(row_scale=scale.contiguous())
     _check_fused(x, fused, num_experts, n)
     if _records_graph(x, weights, fused.bias, fused.row_scale):
         if out is not None:
@@ -385,9 +400,7 @@ def moe_gemm_gated(
     if out is None and _any_autocast():
         x, weights, bias = _autocast(x, weights, bias)
     num_tokens, _, _, n = _check_moe_gemm(x, weights, tokens_per_expert, trans_b, None, backend, config)
-    if n % 2:
-        raise ValueError(f"weights: N = {n} must be even for a gated projection (gate and up interleaved "
-                         "column by column: cutlass_moe.interleave_gate_up)")
+    _check_gated_n(n)
     if out is not None:
         _check_out(out, x, (num_tokens, n // 2))
     fused = FusedArgs(bias, activation or "none", row_scale, True, float(alpha), float(limit))

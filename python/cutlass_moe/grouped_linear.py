@@ -264,7 +264,8 @@ def _weight_grad(x: torch.Tensor, grad: torch.Tensor, weight_strides: Tuple[int,
 
 @torch.library.custom_op("cutlass_moe::grouped_linear", mutates_args=())
 def _grouped_linear_op(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
-    return _grouped_linear_impl(x, weight, bias)
+    # A direct torch.ops call or an exported program: grouped_linear's checks (it checked already).
+    return _grouped_linear_impl(_check_grouped_linear(x, weight, bias, None), weight, bias)
 
 
 @_grouped_linear_op.register_fake

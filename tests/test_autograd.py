@@ -354,7 +354,7 @@ def test_gmm_cpu_is_moe_gemm():
 def _autocast_checks(device, dtype=BF16):
     """Under torch.autocast(device, dtype): moe_gemm, moe_gemm_gated and gmm compute from fp32 leaves
     exactly what they compute from the leaves cast by hand, in the autocast dtype, and the leaves get
-    fp32 gradients; with out= nothing is cast; row_scale stays float32."""
+    fp32 gradients; with out= nothing is cast; row_scale is not cast."""
     gen = torch.Generator().manual_seed(30)
     t, k, n, e = 96, 64, 32, 4
     counts = torch.tensor([40, 0, 30, 20], device=device)  # 6 rows no expert owns

@@ -22,9 +22,9 @@ from typing import NamedTuple, Optional
 import torch
 
 from . import _C
-from .ops import (_ACTIVATION_IDS, _BACKENDS, _CONFIGS, _DTYPES, _Resolved, _any_autocast, _autocast,
-                  _check_moe_gemm, _check_out, _check_tensor, _compiled, _launch, _moe_gemm_impl, _on_device, _plan,
-                  _records_graph, _stream, _traced, _weight_layout, define_launch_op, moe_gemm, moe_gemm_wgrad)
+from .ops import (_ACTIVATION_IDS, _BACKENDS, _CONFIGS, _DTYPES, _Resolved, _autocast, _check_moe_gemm,
+                  _check_out, _check_tensor, _compiled, _launch, _moe_gemm_impl, _on_device, _plan, _records_graph,
+                  _stream, _traced, _weight_layout, define_launch_op, moe_gemm, moe_gemm_wgrad)
 from .reference import ACTIVATIONS, GATED_ACTIVATIONS, gated_activation
 
 
@@ -397,7 +397,7 @@ def moe_gemm_gated(
     if isinstance(weights, (tuple, list)):
         raise TypeError("weights: expected one tensor with gate and up interleaved column by column; "
                         "build it with cutlass_moe.interleave_gate_up(gate, up)")
-    if out is None and _any_autocast():
+    if out is None:
         x, weights, bias = _autocast(x, weights, bias)
     num_tokens, _, _, n = _check_moe_gemm(x, weights, tokens_per_expert, trans_b, None, backend, config)
     _check_gated_n(n)

@@ -31,15 +31,18 @@ MAX_TOKENS = _C.MAX_TOKENS  # rows of x and out the kernels take (2^31 - 1024)
 _CPU_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
-# One C call that says whether any autocast is on: the hot paths ask it first, and the device-typed
-# query only when it says yes (torch's private helper; where a torch lacks it, always ask).
+# One C call that says whether any autocast is on (torch's private helper; where a torch lacks it,
+# always ask the device-typed query).
 _any_autocast = getattr(torch._C, "_is_any_autocast_enabled", lambda: True)
 
 
 def _autocast(*tensors):
     """Under torch.autocast for the first tensor's device type, the floating tensors in the autocast
     dtype (as nn.Linear's matmul gets them; the casts are differentiable, so fp32 parameters get fp32
-    gradients); otherwise the tensors unchanged. None and non-tensors pass through."""
+    gradients); otherwise the tensors unchanged. None and non-tensors pass through. Without autocast
+    it costs one C call (the hot paths' case)."""
+    if not _any_autocast():
+        return tensors
     first = tensors[0]
     if not isinstance(first, torch.Tensor) or not torch.is_autocast_enabled(first.device.type):
         return tensors
@@ -555,7 +558,7 @@ def moe_gemm(
         >>> bool(torch.allclose(y.float(), ref, rtol=2e-2, atol=1e-1))
         True
     """
-    if out is None and _any_autocast():
+    if out is None:
         x, weights, bias = _autocast(x, weights, bias)
     plain = bias is None and activation in (None, "none") and row_scale is None
     if plain and out is None and not torch.compiler.is_compiling():

@@ -321,6 +321,50 @@ def _compile_dynamic_token_counts(device, dtype, backend):
         assert counter.frame_count == frames, (name, counter.frame_count, frames)
 
 
+def _compile_counts_from_bincount(device, dtype, backend):
+    """Counts from torch.bincount(expert_ids, minlength=E), as routing code often builds them: under
+    torch.compile their length is known only at run time. Every entry point compiles in one graph
+    (the length asserted at run time, not guarded while tracing) and computes what eager does,
+    gradients included; counts of the wrong length still fail, naming the argument."""
+    gen = torch.Generator().manual_seed(12)
+    t, k, n, e = 40, 32, 16, 4
+    x = torch.randn(t, k, generator=gen).to(device, dtype).requires_grad_()
+    w = torch.randn(e, k, n, generator=gen).to(device, dtype).requires_grad_()
+    bias, scale = torch.randn(e, n, generator=gen).to(device, dtype), torch.rand(t, generator=gen).to(device)
+    dy = torch.randn(t, n, generator=gen).to(device, dtype)
+    ids = torch.tensor([0] * 11 + [2] * 20 + [3] * 7, device=device)  # expert 1 empty, two rows no expert owns
+
+    def fn(x, w, ids):
+        counts = torch.bincount(ids, minlength=e)
+        y = moe_gemm(x, w, counts, bias=bias, activation="silu", row_scale=scale)
+        gated = cutlass_moe.moe_gemm_gated(x, w, counts)
+        return y.float().pow(2).sum() + gated.float().sum() + moe_gemm_wgrad(x, dy, counts).float().sum()
+
+    tol = {} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 2e-2}
+    want = fn(x, w, ids)
+    want_dx, want_dw = torch.autograd.grad(want, (x, w))
+    torch._dynamo.reset()
+    got = torch.compile(fn, fullgraph=True, backend=backend)(x, w, ids)
+    dx, dw = torch.autograd.grad(got, (x, w))
+    torch.testing.assert_close(got, want, **tol)
+    torch.testing.assert_close(dx, want_dx, **tol)
+    torch.testing.assert_close(dw, want_dw, **tol)
+    # An expert id past E makes the counts longer: the run-time assertion stops the graph (its message
+    # is torch's: the graph's assertion runs before our check's). A wrong static length fails the
+    # trace, naming the argument.
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="tokens_per_expert: expected one entry per expert|Runtime assertion failed"):
+        torch.compile(fn, fullgraph=True, backend=backend)(x, w, torch.tensor([0, 5], device=device))
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="tokens_per_expert: expected one entry per expert"):
+        torch.compile(lambda x, counts: moe_gemm(x, w, counts), fullgraph=True, backend=backend)(
+            x, torch.tensor([10, 10, 10], device=device))
+
+
+def test_compile_counts_from_bincount_cpu():
+    _compile_counts_from_bincount("cpu", torch.float32, "aot_eager")
+
+
 def test_compile_dynamic_token_counts_cpu():
     _compile_dynamic_token_counts("cpu", torch.float32, "aot_eager")
 
@@ -625,6 +669,12 @@ def test_activation_checkpointing_gpu():
 @requires_kernels
 def test_compile_dynamic_token_counts_gpu():
     _compile_dynamic_token_counts("cuda", BF16, "inductor")
+
+
+@gpu
+@requires_kernels
+def test_compile_counts_from_bincount_gpu():
+    _compile_counts_from_bincount("cuda", BF16, "inductor")
 
 
 @gpu

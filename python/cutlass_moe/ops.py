@@ -68,8 +68,14 @@ def _check_counts(counts, num_experts: int, device: torch.device) -> None:
     _check_tensor("tokens_per_expert", counts, 1)
     if counts.dtype not in _COUNT_TYPES:
         raise TypeError(f"tokens_per_expert: expected dtype torch.int32 or torch.int64, got {counts.dtype}")
-    if counts.shape[0] != num_experts:
-        raise ValueError(f"tokens_per_expert: expected {num_experts} entries (one per expert), got {counts.shape[0]}")
+    entries = counts.shape[0]
+    if torch.compiler.is_compiling():
+        # Traced, the size may be known only at run time (torch.bincount's counts): asserted there,
+        # and from here on the trace knows it is num_experts.
+        # (The message may close over nothing: under dynamic shapes num_experts is symbolic.)
+        torch._check(entries == num_experts, lambda: "tokens_per_expert: expected one entry per expert")
+    elif entries != num_experts:
+        raise ValueError(f"tokens_per_expert: expected {num_experts} entries (one per expert), got {entries}")
     if counts.device != device and counts.device.type != "cpu":
         raise ValueError(f"tokens_per_expert: on {counts.device}, expected x's device {device} or the CPU")
 

@@ -340,15 +340,18 @@ def _compile_counts_from_bincount(device, dtype, backend):
         gated = cutlass_moe.moe_gemm_gated(x, w, counts)
         return y.float().pow(2).sum() + gated.float().sum() + moe_gemm_wgrad(x, dy, counts).float().sum()
 
-    tol = {} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 2e-2}
     want = fn(x, w, ids)
-    want_dx, want_dw = torch.autograd.grad(want, (x, w))
+    want_grads = torch.autograd.grad(want, (x, w))
     torch._dynamo.reset()
     got = torch.compile(fn, fullgraph=True, backend=backend)(x, w, ids)
-    dx, dw = torch.autograd.grad(got, (x, w))
-    torch.testing.assert_close(got, want, **tol)
-    torch.testing.assert_close(dx, want_dx, **tol)
-    torch.testing.assert_close(dw, want_dw, **tol)
+    grads = torch.autograd.grad(got, (x, w))
+    for name, a, b in (("loss", got, want), ("dx", *[g[0] for g in (grads, want_grads)]),
+                       ("dw", *[g[1] for g in (grads, want_grads)])):
+        if dtype == torch.float32:
+            torch.testing.assert_close(a, b, msg=name)
+        else:  # Inductor keeps fp32 between the fused elementwise ops where eager rounds to bf16
+            err = (a.float() - b.float()).norm() / b.float().norm()
+            assert err < 2e-2, f"{name}: relative error {err:.3e}"
     # An expert id past E makes the counts longer: the compiled graph stops at run time, either at the
     # graph's assertion (torch 2.13: its message is torch's) or at the op's own check (torch 2.11). A
     # wrong static length fails the trace, naming the argument.

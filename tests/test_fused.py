@@ -79,11 +79,37 @@ def test_row_scale_in_x_dtype_cpu():
     _row_scale_in_x_dtype("cpu", torch.bfloat16)
 
 
-def test_registered_ops_called_directly_check_their_arguments():
-    # torch.ops.cutlass_moe.* is public (torch.compile and export call it): a direct call gets the
-    # public functions' errors, naming the argument, before anything reaches a kernel.
-    x, w, bias, scale, counts = make(64, 32, 16, 4, torch.bfloat16, "cpu")
-    fused = torch.ops.cutlass_moe.moe_gemm_fused
+def _fused_ops_check_their_arguments(device):
+    """torch.ops.cutlass_moe.* is public (torch.compile and export call it): a direct call of the
+    registered fused op or of its launch-only twin gets the public functions' errors, naming the
+    argument, before anything reaches a kernel (the counts too short to read E of them, a bias too
+    small)."""
+    x, w, bias, scale, counts = make(64, 32, 16, 4, torch.bfloat16, device)
+    counts = counts.to(device)
+    for fused in (torch.ops.cutlass_moe.moe_gemm_fused, torch.ops.cutlass_moe.moe_gemm_fused_launch):
+        _fused_op_checks(fused, x, w, bias, scale, counts)
+    xg = x.view(16, 4, 32)  # (B, G, K) for the grouped-linear ops, G = 4 groups of w's (4, 32, 16)
+    for linear in (torch.ops.cutlass_moe.grouped_linear, torch.ops.cutlass_moe.grouped_linear_launch):
+        with pytest.raises(ValueError, match="^bias: expected shape"):
+            linear(xg, w, bias[:, :8])
+        with pytest.raises(ValueError, match="^weight: expected shape"):
+            linear(xg, w[:, :16], None)
+    projection = torch.ops.cutlass_moe.grouped_gated_projection
+    with pytest.raises(ValueError, match="^activation: expected"):
+        projection(xg, w, bias, "tanh")
+    with pytest.raises(ValueError, match="^bias: expected shape"):
+        projection(xg, w, bias[:3], "silu")
+    if device == "cuda":  # the gated activation's launch-only ops run on the GPU alone
+        y = torch.randn(24, 32, device=device, dtype=torch.bfloat16)
+        with pytest.raises(ValueError, match="^grad: expected"):
+            torch.ops.cutlass_moe.gated_activation_backward_launch(y, y[:8, :16], "silu", 1.702, 7.0)
+        with pytest.raises(ValueError, match="^y: expected"):
+            torch.ops.cutlass_moe.gated_activation_launch(y[:, :6], "silu", 1.702, 7.0)
+        with pytest.raises(ValueError, match="^activation: expected"):
+            torch.ops.cutlass_moe.gated_activation_launch(y, "tanh", 1.702, 7.0)
+
+
+def _fused_op_checks(fused, x, w, bias, scale, counts):
     args = dict(bias=None, activation="silu", row_scale=None, gated=False, alpha=1.702, limit=7.0, backend="auto",
                 config="auto")
     with pytest.raises(ValueError, match="^bias: expected shape"):
@@ -96,8 +122,15 @@ def test_registered_ops_called_directly_check_their_arguments():
         fused(x, w[..., :15], counts, False, **{**args, "gated": True})
     with pytest.raises(ValueError, match="^tokens_per_expert: expected 4 entries"):
         fused(x, w, counts[:3], False, **args)
-    with pytest.raises(ValueError, match="^bias: expected shape"):
-        torch.ops.cutlass_moe.grouped_linear(x.view(16, 4, 32), w, bias[:, :8])
+    # A signature seen before (its arguments were checked then) and one that differs only in the
+    # counts' length: checked again.
+    fused(x, w, counts, False, **{**args, "bias": bias})
+    with pytest.raises(ValueError, match="^tokens_per_expert: expected 4 entries"):
+        fused(x, w, counts[:3], False, **{**args, "bias": bias})
+
+
+def test_registered_ops_called_directly_check_their_arguments():
+    _fused_ops_check_their_arguments("cpu")
 
 
 @pytest.mark.parametrize("counts", [[40, 0, 25], [70, 0, 5], [-4, 30, 2**40], [0, 0, 0], [2**63 - 1, -2**63, 3]])
@@ -229,6 +262,33 @@ def test_gpu_gradients_through_the_composite_path(dtype, trans_b, activation):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_row_scale_in_x_dtype_gpu(dtype):
     _row_scale_in_x_dtype("cuda", dtype)
+
+
+@gpu
+def test_fused_ops_called_directly_check_their_arguments_gpu():
+    _fused_ops_check_their_arguments("cuda")
+
+
+@gpu
+@pytest.mark.parametrize("gated", [False, True])
+def test_gpu_bias_at_an_odd_address_after_an_aligned_one(gated):
+    # The fused kernel reads the bias in column pairs (4-byte aligned); a call is resolved once per
+    # signature, and the bias's address is not in it: a bias at an odd 2-byte address with the same
+    # shape and strides as one seen before runs the composite, right.
+    t, k, n, e = 256, 64, 64, 4
+    x, w, bias, scale, counts = make(t, k, n, e, torch.bfloat16, "cuda", seed=21)
+    storage = torch.empty(e * n + 1, device="cuda", dtype=torch.bfloat16)
+    odd = storage[1:].view(e, n)
+    odd.copy_(bias)
+    assert odd.data_ptr() % 4 == 2 and odd.stride() == bias.stride()
+    if gated:
+        call = lambda b: cutlass_moe.moe_gemm_gated(x, w, counts.cuda(), bias=b, row_scale=scale)
+        want = moe_gemm_reference(x, w, counts, bias=bias, activation="silu", gated=True, row_scale=scale)
+    else:
+        call = lambda b: moe_gemm(x, w, counts.cuda(), bias=b, activation="gelu", row_scale=scale)
+        want = moe_gemm_reference(x, w, counts, bias=bias, activation="gelu", row_scale=scale)
+    for b in (bias, odd, bias):
+        check(call(b), want, counts, t)
 
 
 @gpu

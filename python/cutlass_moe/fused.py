@@ -24,7 +24,7 @@ import torch
 from . import _C
 from .ops import (_ACTIVATION_IDS, _BACKENDS, _CONFIGS, _DTYPES, _Resolved, _autocast, _check_moe_gemm,
                   _check_out, _check_tensor, _compiled, _launch, _moe_gemm_impl, _on_device, _plan, _records_graph,
-                  _stream, _traced, _weight_layout, define_launch_op, moe_gemm, moe_gemm_wgrad)
+                  _stream, _tensor_key, _traced, _weight_layout, define_launch_op, moe_gemm, moe_gemm_wgrad)
 from .reference import ACTIVATIONS, GATED_ACTIVATIONS, gated_activation
 
 
@@ -158,15 +158,42 @@ def _gated_activation_backward(y, grad, activation, alpha, limit) -> torch.Tenso
     return grad_y
 
 
+def _check_gated_activation_call(y, activation, grad=None) -> None:
+    """What _GatedActivation makes sure of before it calls the kernels, checked again in the
+    launch-only ops' bodies: a direct torch.ops call must not reach a kernel with shapes it would
+    read past."""
+    _check_tensor("y", y, 2)
+    if not _gated_kernel_shape(y):
+        raise ValueError(f"y: expected an fp16 or bf16 CUDA tensor with a multiple of 8 columns, got {y.dtype} "
+                         f"{tuple(y.shape)} on {y.device}")
+    if activation not in _ACTIVATION_IDS or activation not in GATED_ACTIVATIONS:
+        raise ValueError(f"activation: expected one of {sorted(GATED_ACTIVATIONS)}, got {activation!r}")
+    if grad is not None:
+        _check_tensor("grad", grad, 2)
+        if tuple(grad.shape) != (y.shape[0], y.shape[1] // 2) or grad.dtype != y.dtype or grad.device != y.device:
+            raise ValueError(f"grad: expected {y.dtype} of shape {(y.shape[0], y.shape[1] // 2)} on {y.device}, "
+                             f"got {grad.dtype} {tuple(grad.shape)} on {grad.device}")
+
+
+def _gated_activation_launch_body(y, activation, alpha, limit):
+    _check_gated_activation_call(y, activation)
+    return _gated_activation_forward(y, activation, alpha, limit)
+
+
+def _gated_activation_backward_launch_body(y, grad, activation, alpha, limit):
+    _check_gated_activation_call(y, activation, grad)
+    return _gated_activation_backward(y, grad, activation, alpha, limit)
+
+
 # The kernels as ops for compiled graphs (launch-only: _GatedActivation is their autograd).
 _gated_activation_launch = define_launch_op(
     "gated_activation_launch", "(Tensor y, str activation, float alpha, float limit) -> Tensor",
-    _gated_activation_forward, lambda y, activation, alpha, limit: y.new_empty(y.shape[0], y.shape[1] // 2),
+    _gated_activation_launch_body, lambda y, activation, alpha, limit: y.new_empty(y.shape[0], y.shape[1] // 2),
     keys=("CUDA",))
 _gated_activation_backward_launch = define_launch_op(
     "gated_activation_backward_launch", "(Tensor y, Tensor grad, str activation, float alpha, float limit) -> Tensor",
-    _gated_activation_backward, lambda y, grad, activation, alpha, limit: y.new_empty(y.shape[0], y.shape[1]),
-    keys=("CUDA",))
+    _gated_activation_backward_launch_body,
+    lambda y, grad, activation, alpha, limit: y.new_empty(y.shape[0], y.shape[1]), keys=("CUDA",))
 
 
 class _GatedActivation(torch.autograd.Function):
@@ -231,17 +258,19 @@ def _apply_epilogue(y: torch.Tensor, tokens_per_expert: torch.Tensor, fused: Fus
 _FUSED_FAMILIES = ("moe", "sm80_moe")  # the families whose kernels run the fused epilogue
 
 
-def _fused_kernel_takes(x, weights, trans_b, fused: FusedArgs, num_tokens: Optional[int] = None) -> bool:
+def _fused_kernel_takes(x, weights, trans_b, fused: FusedArgs, num_tokens: Optional[int] = None,
+                        check_bias_address: bool = True) -> bool:
     """What the fused kernel needs besides a MoE family: a CUDA problem with no empty dimension, a
     gated N that is a multiple of 16 (N/2 output columns in 16-byte vectors), and a bias read in
-    column pairs (4-byte aligned rows). num_tokens: T where x is not (T, K) (grouped_mlp's (B, G, K))."""
+    column pairs (4-byte aligned rows; its address unless check_bias_address is False). num_tokens:
+    T where x is not (T, K) (grouped_mlp's (B, G, K))."""
     num_tokens = x.shape[0] if num_tokens is None else num_tokens  # x's rows, unless given
     n = weights.shape[1] if trans_b else weights.shape[2]
     if x.device.type != "cuda" or min(x.shape[-1], weights.shape[0], n, num_tokens) == 0 or (fused.gated and n % 16):
         return False
     bias = fused.bias
     # the kernel reads column pairs (traced: the op decides again at run time)
-    return bias is None or not (bias.stride(0) % 2 or (not _traced(x) and bias.data_ptr() % 4))
+    return bias is None or not (bias.stride(0) % 2 or (check_bias_address and not _traced(x) and bias.data_ptr() % 4))
 
 
 def _runs_fused_kernel(x, weights, trans_b, backend, config, fused: FusedArgs, num_tokens: Optional[int] = None) -> bool:
@@ -255,13 +284,60 @@ def _runs_fused_kernel(x, weights, trans_b, backend, config, fused: FusedArgs, n
     return plan.backend in _FUSED_FAMILIES
 
 
-def _run_fused(x, weights, tokens_per_expert, trans_b, out, backend, config, fused: FusedArgs) -> torch.Tensor:
-    """The fused call without autograd: the kernel where it runs (one resolution, launched as it
-    is), else the composite."""
-    if _fused_kernel_takes(x, weights, trans_b, fused):
-        r = _Resolved(x, weights, tokens_per_expert, trans_b, backend, config, fused.gated, fused=True)
-        if r.plan.backend in _FUSED_FAMILIES:
-            return _launch(r, x, weights, tokens_per_expert, out, fused)
+def _check_fused_call(x, weights, tokens_per_expert, trans_b, out, backend, config, fused: FusedArgs) -> None:
+    """Everything a fused call can get wrong that is visible without reading data: moe_gemm's
+    checks, the epilogue's, and out against the fused output's shape."""
+    num_tokens, _, num_experts, n = _check_moe_gemm(x, weights, tokens_per_expert, trans_b, None, backend, config)
+    _check_fused(x, fused, num_experts, n)
+    if out is not None:
+        _check_out(out, x, (num_tokens, n // 2 if fused.gated else n))
+
+
+# Fused calls resolved by their signature, as ops._RESOLVED for the plain call: everything
+# _check_fused_call and the resolution read. A value is the kernel's resolution, or None where the
+# composite runs (the CPU, another family, a gated N that is not a multiple of 16).
+_FUSED_RESOLVED: dict = {}
+_MISSING = object()
+
+
+def _resolved_fused(x, weights, tokens_per_expert, trans_b, out, backend, config, fused: FusedArgs) -> Optional[_Resolved]:
+    """The fused kernel's resolution of the call (None: the composite), checking the arguments the
+    first time a signature is seen. The bias's address is not in the signature: the caller checks
+    its alignment (_bias_aligned)."""
+    try:
+        key = (x.shape, x.stride(), x.dtype, x.device, weights.shape, weights.stride(), weights.dtype,
+               weights.device, tokens_per_expert.shape, tokens_per_expert.dtype, tokens_per_expert.device, trans_b,
+               trans_b.__class__, backend, config, fused.activation, fused.gated, fused.alpha, fused.limit,
+               _tensor_key(fused.bias), _tensor_key(fused.row_scale), _tensor_key(out))
+        r = _FUSED_RESOLVED.get(key, _MISSING)
+    except (AttributeError, TypeError):  # not tensors, or unhashable options: the checks name them
+        key, r = None, _MISSING
+    if r is _MISSING:
+        _check_fused_call(x, weights, tokens_per_expert, trans_b, out, backend, config, fused)
+        r = None
+        if _fused_kernel_takes(x, weights, trans_b, fused, check_bias_address=False):
+            resolved = _Resolved(x, weights, tokens_per_expert, trans_b, backend, config, fused.gated, fused=True)
+            if resolved.plan.backend in _FUSED_FAMILIES:
+                r = resolved
+        if key is not None:
+            if len(_FUSED_RESOLVED) >= 4096:
+                _FUSED_RESOLVED.clear()
+            _FUSED_RESOLVED[key] = r
+    return r
+
+
+def _bias_aligned(bias: Optional[torch.Tensor]) -> bool:
+    return bias is None or bias.data_ptr() % 4 == 0  # the kernel reads the bias in column pairs
+
+
+def _run_fused(x, weights, tokens_per_expert, trans_b, out, backend, config, fused: FusedArgs,
+               r=_MISSING) -> torch.Tensor:
+    """The fused call without autograd: the kernel where the call's signature resolves to it
+    (_resolved_fused, unless the caller resolved it: r), else the composite."""
+    if r is _MISSING:
+        r = _resolved_fused(x, weights, tokens_per_expert, trans_b, out, backend, config, fused)
+    if r is not None and _bias_aligned(fused.bias):
+        return _launch(r, x, weights, tokens_per_expert, out, fused)
     y = _moe_gemm_impl(x, weights, tokens_per_expert, trans_b, None, backend, config)
     y = _apply_epilogue(y, tokens_per_expert, fused)
     if out is None:
@@ -282,10 +358,8 @@ def _moe_gemm_fused_call(x, weights, tokens_per_expert, trans_b, bias, activatio
 def _moe_gemm_fused_op(x: torch.Tensor, weights: torch.Tensor, tokens_per_expert: torch.Tensor, trans_b: bool,
                        bias: Optional[torch.Tensor], activation: str, row_scale: Optional[torch.Tensor], gated: bool,
                        alpha: float, limit: float, backend: str, config: str) -> torch.Tensor:
-    # Reached by a direct torch.ops call or an exported program, not by the public functions (which
-    # checked already): the same checks, so that no argument reaches a kernel unchecked.
-    _, _, num_experts, n = _check_moe_gemm(x, weights, tokens_per_expert, trans_b, None, backend, config)
-    _check_fused(x, FusedArgs(bias, activation, row_scale, gated, alpha, limit), num_experts, n)
+    # The arguments are checked once per signature (_run_fused), so that none reaches a kernel
+    # unchecked, also by a direct torch.ops call or from an exported program.
     return _moe_gemm_fused_call(x, weights, tokens_per_expert, trans_b, bias, activation, row_scale, gated, alpha,
                                 limit, backend, config)
 
@@ -305,10 +379,8 @@ _moe_gemm_fused_launch = define_launch_op(
 
 
 def moe_gemm_fused(x, weights, tokens_per_expert, trans_b, out, backend, config, fused: FusedArgs) -> torch.Tensor:
-    """moe_gemm / moe_gemm_gated with a fused epilogue, on arguments _check_moe_gemm has checked
-    (out: checked against the fused output's shape)."""
-    num_experts = weights.shape[0]
-    n = weights.shape[1] if trans_b else weights.shape[2]
+    """moe_gemm / moe_gemm_gated with a fused epilogue. The arguments are checked here
+    (_check_fused_call; eager calls without a gradient once per signature, in _run_fused)."""
     scale = fused.row_scale
     if isinstance(scale, torch.Tensor) and (scale.dtype != torch.float32 or not scale.is_contiguous()):
         # Router weights in the activations' dtype (Hugging Face's MoE blocks cast them so) are read as
@@ -317,7 +389,11 @@ def moe_gemm_fused(x, weights, tokens_per_expert, trans_b, out, backend, config,
         if scale.dtype == x.dtype and scale.dtype in (torch.float16, torch.bfloat16):
             scale = scale.float()
         fused = fused._replace(row_scale=scale.contiguous())
-    _check_fused(x, fused, num_experts, n)
+    if torch.compiler.is_compiling():
+        _check_fused_call(x, weights, tokens_per_expert, trans_b, out, backend, config, fused)
+        resolved = _MISSING
+    else:  # eager: the checks and the kernel's resolution once per signature
+        resolved = _resolved_fused(x, weights, tokens_per_expert, trans_b, out, backend, config, fused)
     if _records_graph(x, weights, fused.bias, fused.row_scale):
         if out is not None:
             raise RuntimeError("out: a call with out= is not differentiable; drop out= or run under torch.no_grad()")
@@ -327,7 +403,7 @@ def moe_gemm_fused(x, weights, tokens_per_expert, trans_b, out, backend, config,
         op = _moe_gemm_fused_launch if _compiled() else _moe_gemm_fused_op
         return op(x, weights, tokens_per_expert, trans_b, fused.bias, fused.activation, fused.row_scale, fused.gated,
                   fused.alpha, fused.limit, backend, config)
-    return _run_fused(x, weights, tokens_per_expert, trans_b, out, backend, config, fused)
+    return _run_fused(x, weights, tokens_per_expert, trans_b, out, backend, config, fused, resolved)
 
 
 def moe_gemm_gated(
@@ -399,10 +475,6 @@ def moe_gemm_gated(
                         "build it with cutlass_moe.interleave_gate_up(gate, up)")
     if out is None:
         x, weights, bias = _autocast(x, weights, bias)
-    num_tokens, _, _, n = _check_moe_gemm(x, weights, tokens_per_expert, trans_b, None, backend, config)
-    _check_gated_n(n)
-    if out is not None:
-        _check_out(out, x, (num_tokens, n // 2))
     fused = FusedArgs(bias, activation or "none", row_scale, True, float(alpha), float(limit))
     return moe_gemm_fused(x, weights, tokens_per_expert, trans_b, out, backend, config, fused)
 

@@ -66,8 +66,8 @@ from torch import nn
 from . import _C
 from .fused import FusedArgs, _runs_fused_kernel, gated_activation_of, interleave_gate_up, moe_gemm_gated
 from .ops import _ACTIVATION_IDS, _BACKENDS, _CONFIGS, _DTYPES as _CORE_DTYPES  # the core's ids
-from .ops import (_autocast, _check_tensor, _compiled, _new_workspace, _on_device, _plan, _records_graph, _stream,
-                  _traced, _weight_layout, define_launch_op)
+from .ops import (_autocast, _check_once, _check_tensor, _compiled, _new_workspace, _on_device, _plan, _records_graph,
+                  _stream, _tensor_key, _traced, _weight_layout, define_launch_op)
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 GATED_MLP_ACTIVATIONS = ("silu", "gelu", "gelu_tanh", "relu")  # gelu: the erf form; gelu_tanh: tanh approximation
@@ -298,8 +298,19 @@ def _grouped_linear_grads(ctx, grad, path: str):
 
 _grouped_linear_op.register_autograd(lambda ctx, grad: _grouped_linear_grads(ctx, grad, "op"),
                                      setup_context=_grouped_linear_setup_context)
+def _check_launch_grouped_linear(x, weight, bias) -> None:
+    _check_tensor("x", x, 3)  # the launch-only ops take x as (B, G, K)
+    _check_grouped_linear(x, weight, bias, None)
+
+
+def _grouped_linear_launch_body(x, weight, bias):
+    _check_once(("grouped_linear", _tensor_key(x), _tensor_key(weight), _tensor_key(bias)),
+                _check_launch_grouped_linear, x, weight, bias)
+    return _grouped_linear_impl(x, weight, bias)
+
+
 _grouped_linear_launch = define_launch_op("grouped_linear_launch", "(Tensor x, Tensor weight, Tensor? bias) -> Tensor",
-                                          _grouped_linear_impl, _grouped_linear_fake)
+                                          _grouped_linear_launch_body, _grouped_linear_fake)
 
 
 # The dgrad of each path (_grouped_linear_grads): the registered op, its launch-only twin, the public function.
@@ -532,9 +543,23 @@ def _gated_projection_fake(x, gate_up_weight, gate_up_bias, activation):
 # What a compiled GroupedMLP calls for its gated projection in inference: _gated_projection at run
 # time (contiguous, as the fake implementation), launch-only (no autograd: only called where no
 # gradient is recorded; torch.export traces _gated_projection itself).
+def _check_launch_gated_projection(x, gate_up_weight, gate_up_bias, activation) -> None:
+    _check_launch_grouped_linear(x, gate_up_weight, gate_up_bias)
+    _check_activation(activation)
+    if gate_up_weight.shape[2] % 2:
+        raise ValueError(f"gate_up_weight: expected (G, K, 2H), gate and up interleaved, got an odd "
+                         f"{gate_up_weight.shape[2]} columns")
+
+
+def _grouped_gated_projection_body(x, gate_up_weight, gate_up_bias, activation):
+    _check_once(("grouped_gated_projection", _tensor_key(x), _tensor_key(gate_up_weight), _tensor_key(gate_up_bias),
+                 activation), _check_launch_gated_projection, x, gate_up_weight, gate_up_bias, activation)
+    return _gated_projection(x, gate_up_weight, gate_up_bias, activation).contiguous()
+
+
 _grouped_gated_projection = define_launch_op(
     "grouped_gated_projection", "(Tensor x, Tensor gate_up_weight, Tensor? gate_up_bias, str activation) -> Tensor",
-    lambda x, w, b, activation: _gated_projection(x, w, b, activation).contiguous(), _gated_projection_fake)
+    _grouped_gated_projection_body, _gated_projection_fake)
 
 
 def grouped_mlp(x: torch.Tensor, gate_up_weight: torch.Tensor, down_weight: torch.Tensor,

@@ -577,11 +577,11 @@ def moe_gemm(
         if r is None:
             return _moe_gemm_impl(x, weights, tokens_per_expert, trans_b, None, backend, config)
         return _launch(r, x, weights, tokens_per_expert, None)
-    _check_moe_gemm(x, weights, tokens_per_expert, trans_b, out, backend, config)
-    if not plain:
+    if not plain:  # checked there
         from .fused import FusedArgs, moe_gemm_fused  # fused.py builds on this module
         return moe_gemm_fused(x, weights, tokens_per_expert, trans_b, out, backend, config,
                               FusedArgs(bias, activation or "none", row_scale))
+    _check_moe_gemm(x, weights, tokens_per_expert, trans_b, out, backend, config)
     if out is None:  # only under torch.compile or export here (eager calls took the path above)
         if _compiled():
             return _CompiledMoeGemm.apply(x, weights, tokens_per_expert, trans_b, backend, config)
@@ -730,6 +730,26 @@ def _moe_gemm_wgrad_fake(x, grad_out, tokens_per_expert, trans_b, out_dtype, bac
 # layer on every call, registered backward or not: 10-17 us per call on an H200 host
 # (benchmarks/NOTES.md, "Compiled graphs call launch-only ops").
 _LAUNCH_LIB = torch.library.Library("cutlass_moe", "FRAGMENT")
+
+
+def _tensor_key(t):
+    """A tensor's part of a call's signature (None for None)."""
+    return None if t is None else (t.shape, t.stride(), t.dtype, t.device)
+
+
+# Signatures whose arguments a launch-only op's body has checked (_check_once).
+_LAUNCH_CHECKED: dict = {}
+
+
+def _check_once(key, check, *args) -> None:
+    """check(*args) the first time `key`, a call's signature, is seen. The launch-only ops' bodies
+    check their arguments so, for a direct torch.ops call: none reaches a kernel unchecked, and a
+    compiled graph's calls (checked while tracing) pay for a dictionary lookup."""
+    if key not in _LAUNCH_CHECKED:
+        check(*args)
+        if len(_LAUNCH_CHECKED) >= 4096:
+            _LAUNCH_CHECKED.clear()
+        _LAUNCH_CHECKED[key] = True
 
 
 def define_launch_op(name: str, schema: str, impl, fake, keys=("CPU", "CUDA")):

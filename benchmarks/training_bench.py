@@ -13,6 +13,9 @@ trained with torch.compile, and host time per call, each against torch._grouped_
              torch._grouped_mm and torch.mm on a tiny problem, and per weight tensor over a model's
              worth (48 layers x 3 projections), under torch.no_grad() and with grad.
   hostparts  each step of the no-grad moe_gemm call timed alone (not in the default parts).
+  hostfused  host us per no-grad call (the least mean of 15 runs) of the fused epilogues,
+             moe_gemm_gated, grouped_linear and GroupedMLP, and their launch-only ops, beside
+             torch.mm and moe_gemm (not in the default parts).
 
 The shapes are the public prefill cases' (qwen3-30b, dsv3, mixtral, gpt-oss), bf16, with their
 tokens_per_expert from cutlass_moe.bench. Times (wgrad, fwdbwd): the median over --rounds alternating
@@ -278,6 +281,13 @@ def per_call_us(fn, calls=1000):
     return (time.perf_counter() - start) / calls * 1e6
 
 
+def min_call_us(fn, calls=200, repeats=15):
+    """Host us per call as the least mean over `repeats` runs of `calls` back-to-back calls: the
+    hosts' noise (other processes, clock changes) only ever adds time."""
+    per_call_us(fn, 20)
+    return min(per_call_us(fn, calls) for _ in range(repeats))
+
+
 HOST_PROBLEM = (8, 64, 128, 128)  # E, T, K, N: a tiny problem, so the host's time is what is measured
 
 
@@ -308,6 +318,40 @@ def part_host():
                     per_call_us(lambda: [torch._grouped_mm(a, l, offs=offs) for l in layers], 20) / len(layers),
                     per_call_us(lambda: [torch.mm(a, l[0]) for l in layers], 20) / len(layers)]
             print(f"{label + ' loop':<14} {loop[0]:9.1f} {loop[1]:11.1f} {loop[2]:9.1f} {loop[0] / loop[2]:11.2f}")
+
+
+def part_host_fused():
+    """Host us per no-grad call of the fused epilogues and the grouped-linear forms (same problem as
+    part_host; G = E groups of B = T / E rows for grouped_linear), beside the plain moe_gemm and
+    torch.mm of the same call."""
+    e, t, k, n = HOST_PROBLEM
+    x, w, counts, offs, b = host_problem()
+    bias, scale = torch.randn(e, n, device="cuda", dtype=BF16), torch.rand(t, device="cuda")
+    xg = x.view(t // e, e, k)
+    mlp = cutlass_moe.GroupedMLP(e, k, n // 2, k, bias=True, device="cuda", dtype=BF16)
+    launch_args = (x, w, counts, False, bias, "relu", scale, False, 1.702, 7.0, "auto", "auto")
+    calls = {
+        "torch.mm": lambda: torch.mm(x, b),
+        "moe_gemm": lambda: cutlass_moe.moe_gemm(x, w, counts),
+        "moe_gemm(bias, relu, row_scale)": lambda: cutlass_moe.moe_gemm(x, w, counts, bias=bias, activation="relu",
+                                                                        row_scale=scale),
+        "moe_gemm_gated(bias, row_scale)": lambda: cutlass_moe.moe_gemm_gated(x, w, counts, bias=bias,
+                                                                              row_scale=scale),
+        "moe_gemm_fused_launch (compiled graphs)": lambda: torch.ops.cutlass_moe.moe_gemm_fused_launch.default(
+            *launch_args),
+        "grouped_linear(bias)": lambda: cutlass_moe.grouped_linear(xg, w, bias),
+        "grouped_linear_launch (compiled graphs)": lambda: torch.ops.cutlass_moe.grouped_linear_launch.default(
+            xg, w, bias),
+        "GroupedMLP (bias)": lambda: mlp(xg),
+    }
+    print(f"\nhost us per no-grad call, fused and grouped-linear (E={e} T={t} K={k} N={n}, bf16; least mean of "
+          f"15 runs of 200 calls), and the ratio to torch.mm")
+    with torch.no_grad():
+        mm = None
+        for name, fn in calls.items():
+            us = min_call_us(fn)
+            mm = mm or us
+            print(f"  {name:<42} {us:7.1f} {us / mm:6.2f}")
 
 
 def part_host_breakdown():
@@ -404,6 +448,8 @@ def main():
         part_train(profile=args.profile, fused_adamw=args.fused_adamw)
     if "host" in parts:
         part_host()
+    if "hostfused" in parts:
+        part_host_fused()
     if "hostparts" in parts:
         part_host_breakdown()
 

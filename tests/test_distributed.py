@@ -182,3 +182,35 @@ def test_fsdp2_cpu(compile_backend):
 @pytest.mark.parametrize("compile_backend", [None, "inductor"], ids=["eager", "compiled"])
 def test_fsdp2_two_gpus(compile_backend):
     _run("cuda", compile_backend)
+
+
+@pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs torch.distributed with gloo")
+def test_dtensor_arguments_are_refused_naming_them():
+    # A DTensor has no storage of its own (its data pointer reads 0): our ops take the local shard,
+    # as torchtitan's GroupedExperts passes it (to_local()); a DTensor is refused, naming the argument,
+    # by the checks a call's signature gets the first time it is seen (the shapes here are this
+    # test's own). A signature seen before skips them; on the GPU the core then refuses the null
+    # data pointer, naming the argument, and on the CPU the reference path raises.
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+    with tempfile.TemporaryDirectory() as tmp:
+        dist.init_process_group("gloo", init_method=f"file://{os.path.join(tmp, 'init')}", rank=0, world_size=1)
+        try:
+            mesh = init_device_mesh("cpu", (1,))
+            x, w, counts = torch.randn(21, 40), torch.randn(3, 40, 24), torch.tensor([10, 0, 11])
+            bias = torch.randn(3, 24)
+            calls = [
+                ("weights", lambda: cutlass_moe.moe_gemm(x, distribute_tensor(w, mesh, [Shard(0)]), counts)),
+                ("x", lambda: cutlass_moe.moe_gemm(distribute_tensor(x, mesh, [Replicate()]), w, counts)),
+                ("bias", lambda: cutlass_moe.moe_gemm(x, w, counts, bias=distribute_tensor(bias, mesh, [Shard(0)]))),
+                ("tokens_per_expert", lambda: cutlass_moe.moe_gemm_wgrad(
+                    x, torch.randn(21, 24), distribute_tensor(counts, mesh, [Replicate()]))),
+                ("weight", lambda: cutlass_moe.grouped_linear(x.view(7, 3, 40),
+                                                              distribute_tensor(w, mesh, [Shard(0)]))),
+                ("x", lambda: cutlass_moe.grouped_linear(distribute_tensor(x.view(7, 3, 40), mesh, [Replicate()]), w)),
+            ]
+            for name, call in calls:
+                with pytest.raises(TypeError, match=f"^{name}: expected a plain tensor, got a DTensor"):
+                    call()
+        finally:
+            dist.destroy_process_group()

@@ -300,7 +300,8 @@ _FUSED_RESOLVED: dict = {}
 _MISSING = object()
 
 
-def _resolved_fused(x, weights, tokens_per_expert, trans_b, out, backend, config, fused: FusedArgs) -> Optional[_Resolved]:
+def _resolved_fused(x, weights, tokens_per_expert, trans_b, out, backend, config,
+                    fused: FusedArgs) -> Optional[_Resolved]:
     """The fused kernel's resolution of the call (None: the composite), checking the arguments the
     first time a signature is seen. The bias's address is not in the signature: the caller checks
     its alignment (_bias_aligned)."""

@@ -77,8 +77,7 @@ GATED_MLP_ACTIVATIONS = ("silu", "gelu", "gelu_tanh", "relu")  # gelu: the erf f
 
 def _check_grouped_linear(x, weight, bias, out) -> torch.Tensor:
     """Everything a user can get wrong that is visible without reading data; returns x as (B, G, K)."""
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"x: expected a torch.Tensor, got {type(x).__name__}")
+    _check_tensor("x", x, x.dim() if isinstance(x, torch.Tensor) else 2)  # a tensor, not a DTensor
     if x.dim() not in (2, 3):
         raise ValueError(f"x: expected (B, G, K) or (B * G, K), got shape {tuple(x.shape)}")
     _check_tensor("weight", weight, 3)

@@ -53,6 +53,9 @@ def _autocast(*tensors):
 def _check_tensor(name: str, t, ndim: int) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if type(t).__name__ == "DTensor":  # a torch.distributed DTensor: a wrapper with no storage of its own
+        raise TypeError(f"{name}: expected a plain tensor, got a DTensor; pass its local shard, {name}.to_local() "
+                        "(as torchtitan's GroupedExperts does)")
     if t.dim() != ndim:
         raise ValueError(f"{name}: expected {ndim} dimensions, got shape {tuple(t.shape)}")
 
@@ -333,8 +336,14 @@ def _launch(r: _Resolved, x, weights, tokens_per_expert, out, fused=None) -> tor
         _on_device(r.device, _C.run, *args)
     else:
         bias, row_scale = fused.bias, fused.row_scale
-        _on_device(r.device, _C.run_fused, *args, bias.data_ptr() if bias is not None else 0,
-                   bias.stride(0) if bias is not None else 0, row_scale.data_ptr() if row_scale is not None else 0,
+        bias_ptr = bias.data_ptr() if bias is not None else 0
+        scale_ptr = row_scale.data_ptr() if row_scale is not None else 0
+        # The core reads a null pointer as "none given": a tensor without storage (a DTensor met in a
+        # signature seen before, whose checks are skipped) must not be dropped silently.
+        if (bias is not None and not bias_ptr) or (row_scale is not None and not scale_ptr):
+            name, t = ("bias", bias) if bias is not None and not bias_ptr else ("row_scale", row_scale)
+            raise ValueError(f"{name}: a tensor without a data pointer ({type(t).__name__})")
+        _on_device(r.device, _C.run_fused, *args, bias_ptr, bias.stride(0) if bias is not None else 0, scale_ptr,
                    _ACTIVATION_IDS[fused.activation], fused.gated, fused.alpha, fused.limit)
     return out
 

@@ -387,7 +387,7 @@ def moe_gemm_fused(x, weights, tokens_per_expert, trans_b, out, backend, config,
         # Router weights in the activations' dtype (Hugging Face's MoE blocks cast them so) are read as
         # float32, exactly, and a strided view (a column of top-k weights) as a contiguous copy: both
         # casts are differentiable, so drow_scale comes back in the given dtype and layout.
-        if scale.dtype == x.dtype and scale.dtype in (torch.float16, torch.bfloat16):
+        if scale.dtype == getattr(x, "dtype", None) and scale.dtype in (torch.float16, torch.bfloat16):
             scale = scale.float()
         fused = fused._replace(row_scale=scale.contiguous())
     if torch.compiler.is_compiling():

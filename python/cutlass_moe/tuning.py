@@ -217,4 +217,6 @@ def tune(problems: Iterable[Problem], *, dtype: torch.dtype = torch.bfloat16, tr
         _write(path, choices, device)
         _tables[device] = choices if _enabled() else {}
         _RESOLVED.clear()  # resolutions made before now took the old choices
+        from .fused import _FUSED_RESOLVED  # the fused calls' too (fused.py imports this module's user, ops)
+        _FUSED_RESOLVED.clear()
     return results

@@ -66,8 +66,8 @@ from torch import nn
 from . import _C
 from .fused import FusedArgs, _runs_fused_kernel, gated_activation_of, interleave_gate_up, moe_gemm_gated
 from .ops import _ACTIVATION_IDS, _BACKENDS, _CONFIGS, _DTYPES as _CORE_DTYPES  # the core's ids
-from .ops import (_autocast, _check_once, _check_tensor, _compiled, _new_workspace, _on_device, _plan, _records_graph,
-                  _stream, _tensor_key, _traced, _weight_layout, define_launch_op)
+from .ops import (_autocast, _check_not_dtensor, _check_once, _check_tensor, _compiled, _new_workspace, _on_device,
+                  _plan, _records_graph, _stream, _tensor_key, _traced, _weight_layout, define_launch_op)
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 GATED_MLP_ACTIVATIONS = ("silu", "gelu", "gelu_tanh", "relu")  # gelu: the erf form; gelu_tanh: tanh approximation
@@ -77,7 +77,9 @@ GATED_MLP_ACTIVATIONS = ("silu", "gelu", "gelu_tanh", "relu")  # gelu: the erf f
 
 def _check_grouped_linear(x, weight, bias, out) -> torch.Tensor:
     """Everything a user can get wrong that is visible without reading data; returns x as (B, G, K)."""
-    _check_tensor("x", x, x.dim() if isinstance(x, torch.Tensor) else 2)  # a tensor, not a DTensor
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x: expected a torch.Tensor, got {type(x).__name__}")
+    _check_not_dtensor("x", x)
     if x.dim() not in (2, 3):
         raise ValueError(f"x: expected (B, G, K) or (B * G, K), got shape {tuple(x.shape)}")
     _check_tensor("weight", weight, 3)

@@ -50,12 +50,16 @@ def _autocast(*tensors):
     return tuple(t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in tensors)
 
 
-def _check_tensor(name: str, t, ndim: int) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+def _check_not_dtensor(name: str, t: torch.Tensor) -> None:
     if type(t).__name__ == "DTensor":  # a torch.distributed DTensor: a wrapper with no storage of its own
         raise TypeError(f"{name}: expected a plain tensor, got a DTensor; pass its local shard, {name}.to_local() "
                         "(as torchtitan's GroupedExperts does)")
+
+
+def _check_tensor(name: str, t, ndim: int) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    _check_not_dtensor(name, t)
     if t.dim() != ndim:
         raise ValueError(f"{name}: expected {ndim} dimensions, got shape {tuple(t.shape)}")
 

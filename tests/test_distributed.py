@@ -162,8 +162,8 @@ def _run(device_type, compile_backend):
     for name, want in grads.items():
         got = sharded["grads"][name]
         assert got.shape == want.shape, name
-        # bf16 forward and backward on both sides, reduced in fp32 on one and bf16 on the other:
-        # bound the error by the gradient's scale.
+        # bf16 forward and backward on both sides; the halves' gradients averaged in fp32 by FSDP on
+        # one, summed in bf16 by autograd on the other: bound the error by the gradient's scale.
         err = (got - want).abs().max().item()
         assert err <= 1e-2 * want.abs().max().item() + 1e-5, f"{name}: max error {err:.3g}"
     for step, (got, want) in enumerate(zip(sharded["losses"], losses)):

@@ -24,7 +24,8 @@ import torch
 from . import _C
 from .ops import (_ACTIVATION_IDS, _BACKENDS, _CONFIGS, _DTYPES, _Resolved, _autocast, _check_moe_gemm,
                   _check_out, _check_tensor, _compiled, _launch, _moe_gemm_impl, _on_device, _plan, _records_graph,
-                  _stream, _tensor_key, _traced, _weight_layout, define_launch_op, moe_gemm, moe_gemm_wgrad)
+                  _remember, _stream, _tensor_key, _traced, _weight_layout, define_launch_op, moe_gemm,
+                  moe_gemm_wgrad)
 from .reference import ACTIVATIONS, GATED_ACTIVATIONS, gated_activation
 
 
@@ -258,6 +259,10 @@ def _apply_epilogue(y: torch.Tensor, tokens_per_expert: torch.Tensor, fused: Fus
 _FUSED_FAMILIES = ("moe", "sm80_moe")  # the families whose kernels run the fused epilogue
 
 
+def _bias_aligned(bias: Optional[torch.Tensor]) -> bool:
+    return bias is None or bias.data_ptr() % 4 == 0  # the kernel reads the bias in column pairs
+
+
 def _fused_kernel_takes(x, weights, trans_b, fused: FusedArgs, num_tokens: Optional[int] = None,
                         check_bias_address: bool = True) -> bool:
     """What the fused kernel needs besides a MoE family: a CUDA problem with no empty dimension, a
@@ -270,7 +275,8 @@ def _fused_kernel_takes(x, weights, trans_b, fused: FusedArgs, num_tokens: Optio
         return False
     bias = fused.bias
     # the kernel reads column pairs (traced: the op decides again at run time)
-    return bias is None or not (bias.stride(0) % 2 or (check_bias_address and not _traced(x) and bias.data_ptr() % 4))
+    return bias is None or not (bias.stride(0) % 2
+                                or (check_bias_address and not _traced(x) and not _bias_aligned(bias)))
 
 
 def _runs_fused_kernel(x, weights, trans_b, backend, config, fused: FusedArgs, num_tokens: Optional[int] = None) -> bool:
@@ -321,14 +327,8 @@ def _resolved_fused(x, weights, tokens_per_expert, trans_b, out, backend, config
             if resolved.plan.backend in _FUSED_FAMILIES:
                 r = resolved
         if key is not None:
-            if len(_FUSED_RESOLVED) >= 4096:
-                _FUSED_RESOLVED.clear()
-            _FUSED_RESOLVED[key] = r
+            _remember(_FUSED_RESOLVED, key, r)
     return r
-
-
-def _bias_aligned(bias: Optional[torch.Tensor]) -> bool:
-    return bias is None or bias.data_ptr() % 4 == 0  # the kernel reads the bias in column pairs
 
 
 def _run_fused(x, weights, tokens_per_expert, trans_b, out, backend, config, fused: FusedArgs,

@@ -364,6 +364,17 @@ def _moe_gemm_impl(x, weights, tokens_per_expert, trans_b, out, backend, config,
                    tokens_per_expert, out, fused)
 
 
+_SIGNATURES_KEPT = 4096  # entries of each per-signature cache before it starts over
+
+
+def _remember(cache: dict, key, value) -> None:
+    """cache[key] = value in one of the per-signature caches, which start over when full (a program
+    that keeps making new shapes must not grow them without bound)."""
+    if len(cache) >= _SIGNATURES_KEPT:
+        cache.clear()
+    cache[key] = value
+
+
 # Eager calls resolved by their signature: everything _check_moe_gemm and _Resolved read. A call
 # whose signature was seen before skips both (its data pointers are still checked by the core).
 _RESOLVED: dict = {}
@@ -384,9 +395,7 @@ def _resolved_call(x, weights, tokens_per_expert, trans_b, backend, config) -> O
         if x.device.type != "cuda" or x.is_meta or weights.is_meta:
             return None
         r = _Resolved(x, weights, tokens_per_expert, trans_b, backend, config)
-        if len(_RESOLVED) >= 4096:
-            _RESOLVED.clear()
-        _RESOLVED[key] = r
+        _remember(_RESOLVED, key, r)
     return r
 
 
@@ -760,9 +769,7 @@ def _check_once(key, check, *args) -> None:
     compiled graph's calls (checked while tracing) pay for a dictionary lookup."""
     if key not in _LAUNCH_CHECKED:
         check(*args)
-        if len(_LAUNCH_CHECKED) >= 4096:
-            _LAUNCH_CHECKED.clear()
-        _LAUNCH_CHECKED[key] = True
+        _remember(_LAUNCH_CHECKED, key, True)
 
 
 def define_launch_op(name: str, schema: str, impl, fake, keys=("CPU", "CUDA")):
@@ -877,9 +884,7 @@ def _check_wgrad_call(x, grad_out, tokens_per_expert, trans_b, out, accumulate, 
     if x.device.type == "cuda" and key is not None:
         r = _WgradResolved(x, grad_out, tokens_per_expert, trans_b, out, accumulate, out_dtype, backend, config)
     if key is not None:
-        if len(_WGRAD_RESOLVED) >= 4096:
-            _WGRAD_RESOLVED.clear()
-        _WGRAD_RESOLVED[key] = r
+        _remember(_WGRAD_RESOLVED, key, r)
     return r
 
 

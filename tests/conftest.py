@@ -238,3 +238,33 @@ def graph_recorder():
             return compiler
         return aot_module_simplified(gm, inputs, fw_compiler=keep("forward"), bw_compiler=keep("backward"))
     return backend, targets
+
+
+class FusedMoeMLP(torch.nn.Module):
+    """A Mixtral-style MoE MLP on our fused ops: the router, the gated gate/up projection with its
+    bias (gpt-oss), the down projection with (E, N, K) weights scaled by each token's router weight,
+    the combine. counts: "bincount" (a length known at run time while tracing) or "index_add" (a
+    static length, what a graph meant for CUDA-graph capture uses)."""
+
+    def __init__(self, experts, hidden, inter, top_k, counts="bincount", dtype=None, device=None):
+        super().__init__()
+        factory = {"dtype": dtype, "device": device}
+        self.experts, self.top_k, self.counts = experts, top_k, counts
+        self.router = torch.nn.Linear(hidden, experts, bias=False, **factory)
+        self.w_gate_up = torch.nn.Parameter(torch.randn(experts, hidden, 2 * inter, **factory) * hidden ** -0.5)
+        self.b_gate_up = torch.nn.Parameter(torch.randn(experts, 2 * inter, **factory) * 0.1)
+        self.w_down = torch.nn.Parameter(torch.randn(experts, hidden, inter, **factory) * inter ** -0.5)
+
+    def forward(self, x):
+        import cutlass_moe
+        probs, chosen = torch.topk(torch.softmax(self.router(x).float(), dim=-1), self.top_k, dim=-1)
+        flat = chosen.flatten()
+        order = torch.argsort(flat, stable=True)
+        if self.counts == "bincount":
+            counts = torch.bincount(flat, minlength=self.experts)
+        else:
+            counts = torch.zeros(self.experts, dtype=torch.int64, device=x.device).index_add_(0, flat, torch.ones_like(flat))
+        xs = x[order // self.top_k]
+        h = cutlass_moe.moe_gemm_gated(xs, self.w_gate_up, counts, bias=self.b_gate_up)
+        ys = cutlass_moe.moe_gemm(h, self.w_down, counts, trans_b=True, row_scale=probs.flatten()[order])
+        return torch.zeros_like(ys).index_copy(0, order, ys).view(x.shape[0], self.top_k, -1).sum(1)

@@ -17,34 +17,11 @@ import torch.distributed as dist
 
 import cutlass_moe
 
-from conftest import HAS_CUDA, runs_here
+from conftest import HAS_CUDA, FusedMoeMLP, runs_here
 
 BF16 = torch.bfloat16
 EXPERTS, HIDDEN, INTER, TOP_K, GROUPS = 8, 64, 48, 2, 4
 TOKENS_PER_RANK, STEPS, LR = 96, 3, 0.5
-
-
-class MoeMLP(torch.nn.Module):
-    """A Mixtral-style MoE MLP on our fused ops: the router, the gated gate/up projection with its
-    bias (gpt-oss), the down projection scaled by each token's router weight, the combine."""
-
-    def __init__(self):
-        super().__init__()
-        self.router = torch.nn.Linear(HIDDEN, EXPERTS, bias=False)
-        self.w_gate_up = torch.nn.Parameter(torch.randn(EXPERTS, HIDDEN, 2 * INTER) * HIDDEN ** -0.5)
-        self.b_gate_up = torch.nn.Parameter(torch.randn(EXPERTS, 2 * INTER) * 0.1)
-        self.w_down = torch.nn.Parameter(torch.randn(EXPERTS, HIDDEN, INTER) * INTER ** -0.5)  # (E, N, K)
-
-    def forward(self, x):
-        logits = self.router(x).float()
-        probs, chosen = torch.topk(torch.softmax(logits, dim=-1), TOP_K, dim=-1)
-        flat = chosen.flatten()
-        order = torch.argsort(flat, stable=True)
-        counts = torch.bincount(flat, minlength=EXPERTS)
-        xs = x[order // TOP_K]
-        h = cutlass_moe.moe_gemm_gated(xs, self.w_gate_up, counts, bias=self.b_gate_up)
-        ys = cutlass_moe.moe_gemm(h, self.w_down, counts, trans_b=True, row_scale=probs.flatten()[order])
-        return torch.zeros_like(ys).index_copy(0, order, ys).view(x.shape[0], TOP_K, -1).sum(1)
 
 
 class Block(torch.nn.Module):
@@ -54,7 +31,7 @@ class Block(torch.nn.Module):
 
     def __init__(self):
         super().__init__()
-        self.moe = MoeMLP()
+        self.moe = FusedMoeMLP(EXPERTS, HIDDEN, INTER, TOP_K)  # counts from torch.bincount
         self.grouped = cutlass_moe.GroupedMLP(GROUPS, HIDDEN // GROUPS, 32, HIDDEN // GROUPS, bias=True)
 
     def forward(self, x):

@@ -588,6 +588,156 @@ def test_compile_grouped_mlp_inference_cuda(offset):
     check(got_inductor, want.float(), BF16, 1, "y (Inductor)")
 
 
+def _offset_copy(t: torch.Tensor, elements: int) -> torch.Tensor:
+    """A copy of t with t's shape and strides, `elements` past the start of a new buffer."""
+    buf = torch.empty(t.numel() + elements, dtype=t.dtype, device=t.device)
+    return buf[elements:].view(t.shape).copy_(t)
+
+
+@requires_cuda
+@pytest.mark.parametrize("case", ["bias", "bmm", "nobias_kernel"])
+def test_grouped_linear_inference_route_cuda(monkeypatch, case):
+    # As grouped_mlp's route (below), for grouped_linear: our kernel with a bias, the bmm without
+    # one, our kernel without one (bf16, N >= 2048, G >= 8).
+    import sys
+    from conftest import runs_here
+    if not runs_here("moe"):
+        pytest.skip("no sm90 moe kernels for this GPU in this build")
+    gl = sys.modules["cutlass_moe.grouped_linear"]
+    b, g, k, n = (24, 8, 128, 2048) if case == "nobias_kernel" else (40, 12, 128, 64)
+    _, w, bias = make(b, g, k, n, BF16, "cuda", bias=case == "bias", seed=21)
+
+    def general(*args):  # the path without the route
+        with monkeypatch.context() as m:
+            m.setattr(gl, "_grouped_linear_routed", lambda *a: None)
+            return grouped_linear(*args)
+
+    checks, kernels = [], []
+    real_check, real_kernel = gl._check_grouped_linear, gl._interleaved_linear
+    monkeypatch.setattr(gl, "_check_grouped_linear", lambda *a: checks.append(1) or real_check(*a))
+    monkeypatch.setattr(gl, "_interleaved_linear", lambda *a, **kw: kernels.append(1) or real_kernel(*a, **kw))
+    gl._ROUTES.clear()
+    with torch.no_grad():
+        for form in ("3d", "2d"):
+            for seed in (22, 23):  # the signature's first call, then a call by its route
+                x = make(b, g, k, n, BF16, "cuda", seed=seed)[0]
+                xin = x.view(b * g, k) if form == "2d" else x
+                checks.clear(), kernels.clear()
+                y = grouped_linear(xin, w, bias)
+                assert (checks == []) == (seed == 23), (form, seed, checks)  # the route skips the checks
+                assert kernels == ([] if case == "bmm" else [1]), (form, seed, kernels)
+                assert torch.equal(y, general(xin, w, bias)), (form, seed)
+                check(y, loop_linear(x, w, bias), BF16, 1, f"y ({form}, seed {seed})")
+        x = make(b, g, k, n, BF16, "cuda", seed=24)[0]
+        for i, name in enumerate(("x", "weight", "bias")):
+            args = [x, w, bias]
+            if args[i] is None:
+                continue
+            args[i] = _offset_copy(args[i], 1 if name == "bias" else 4)  # 2 or 8 bytes off
+            y = grouped_linear(*args)
+            assert torch.equal(y, general(*args)), name
+            check(y, loop_linear(x, w, bias), BF16, 1, f"y ({name} off the alignment)")
+    wl = w.clone().requires_grad_()
+    y = grouped_linear(x, wl, bias)  # a gradient recorded: the autograd path
+    y.float().sum().backward()
+    assert wl.grad is not None
+
+
+@requires_cuda
+@pytest.mark.parametrize("down_bias", [True, False], ids=["down_kernel", "down_bmm"])
+def test_grouped_mlp_inference_route_cuda(monkeypatch, down_bias):
+    # An inference call's checks and kernel choices are made once per signature: a call whose
+    # signature was seen runs neither grouped_linear's checks nor its decisions again, and gives
+    # the general path's bits. Addresses are checked on every call: an x, weight or bias off the
+    # kernel's alignment (same shapes and strides) takes the general path, and a gradient recorded
+    # the autograd path. Down projection: our kernel (with a bias) or the bmm (without one, N < 2048).
+    import sys
+    from conftest import runs_here
+    if not runs_here("moe"):
+        pytest.skip("no sm90 moe kernels for this GPU in this build")
+    gl = sys.modules["cutlass_moe.grouped_linear"]
+    torch.manual_seed(15)
+    b, g, k, hidden, n = 40, 12, 128, 256, 64
+    mlp = GroupedMLP(g, k, hidden, n, bias=True, device="cuda", dtype=BF16)
+    if not down_bias:
+        mlp.down_bias = None
+    params = (mlp.gate_up_weight, mlp.down_weight, mlp.gate_up_bias, mlp.down_bias)
+
+    def general(x, w, dw, bb, db):  # the path without the routes
+        with monkeypatch.context() as m:
+            m.setattr(gl, "_grouped_mlp_routed", lambda *a: None)
+            m.setattr(gl, "_grouped_linear_routed", lambda *a: None)
+            return grouped_mlp(x, w, dw, bb, db)
+
+    def reference(x, w, dw, bb, db):
+        return loop_mlp(x.view(b, g, k), w[..., 0::2], w[..., 1::2], dw, bb[..., 0::2], bb[..., 1::2], db)
+
+    checks, kernels = [], []
+    real_check, real_kernel = gl._check_grouped_linear, gl._interleaved_linear
+    monkeypatch.setattr(gl, "_check_grouped_linear", lambda *a: checks.append(1) or real_check(*a))
+    monkeypatch.setattr(gl, "_interleaved_linear", lambda *a, **kw: kernels.append(1) or real_kernel(*a, **kw))
+    gl._ROUTES.clear()
+    with torch.no_grad():
+        for form in ("3d", "2d"):
+            for seed in (16, 17):  # the signature's first call, then a call by its route
+                x = torch.randn(b, g, k, generator=torch.Generator().manual_seed(seed)).to("cuda", BF16)
+                if form == "2d":
+                    x = x.view(b * g, k)
+                checks.clear(), kernels.clear()
+                y = grouped_mlp(x, *params)
+                assert (checks == []) == (seed == 17), (form, seed, checks)  # the route skips the checks
+                assert kernels == ([1, 1] if down_bias else [1]), (form, seed, kernels)
+                assert torch.equal(y, general(x, *params)), (form, seed)
+                check(y, reference(x, *params), BF16, 1, f"y ({form}, seed {seed})", elementwise=False)
+        x = torch.randn(b, g, k, generator=torch.Generator().manual_seed(18)).to("cuda", BF16)
+        want = reference(x, *params)
+        # Each tensor 8 bytes (x, the weights) or 2 bytes (the biases) off, one at a time.
+        for i, name in enumerate(("x", "gate_up_weight", "down_weight", "gate_up_bias", "down_bias")):
+            args = [x, *params]
+            if args[i] is None:
+                continue
+            args[i] = _offset_copy(args[i], 1 if "bias" in name else 4)
+            y = grouped_mlp(*args)
+            assert torch.equal(y, general(*args)), name
+            check(y, want, BF16, 1, f"y ({name} off the alignment)", elementwise=False)
+    y = grouped_mlp(x, *params)  # a gradient recorded: the autograd path
+    assert y.grad_fn is not None
+    y.float().sum().backward()
+    assert all(p.grad is not None for p in mlp.parameters())
+
+
+@requires_cuda
+def test_compile_grouped_mlp_reduce_overhead_cuda():
+    # torch.compile(mode="reduce-overhead"): the compiled GroupedMLP recorded in CUDA graphs and
+    # replayed, training (forward and backward) and inference, each step against eager.
+    from torch._dynamo.utils import counters
+    torch._dynamo.reset()
+    counters.clear()
+    torch.manual_seed(19)
+    mlp = GroupedMLP(12, 128, 256, 64, bias=True, device="cuda", dtype=BF16)
+    compiled = torch.compile(mlp, mode="reduce-overhead", fullgraph=True)
+    gen = torch.Generator(device="cuda").manual_seed(20)
+    for step in range(4):
+        x = torch.randn(40, 12, 128, device="cuda", dtype=BF16, generator=gen)
+        results = []
+        for run in (compiled, mlp):
+            torch.compiler.cudagraph_mark_step_begin()
+            mlp.zero_grad(set_to_none=True)
+            y = run(x)
+            y.float().pow(2).sum().backward()
+            results.append([y.detach().clone()] + [p.grad.clone() for p in mlp.parameters()])
+        for i, (got, want) in enumerate(zip(*results)):
+            err = float((got.float() - want.float()).norm() / want.float().norm())
+            assert err < 2e-2, f"step {step}, output {i}: relative error {err:.3e}"
+    with torch.no_grad():
+        for step in range(4):
+            x = torch.randn(40, 12, 128, device="cuda", dtype=BF16, generator=gen)
+            torch.compiler.cudagraph_mark_step_begin()
+            got = compiled(x).clone()
+            check(got, mlp(x).float(), BF16, 1, f"inference step {step}", elementwise=False)
+    assert counters["inductor"]["cudagraph_skips"] == 0, dict(counters["inductor"])
+
+
 @requires_cuda
 def test_grouped_mlp_functional_matches_module_cuda():
     mlp = GroupedMLP(4, 64, 96, 32, bias=True, device="cuda", dtype=BF16)

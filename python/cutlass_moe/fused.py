@@ -279,9 +279,10 @@ def _fused_kernel_takes(x, weights, trans_b, fused: FusedArgs, num_tokens: Optio
                                 or (check_bias_address and not _traced(x) and not _bias_aligned(bias)))
 
 
-def _runs_fused_kernel(x, weights, trans_b, backend, config, fused: FusedArgs, num_tokens: Optional[int] = None) -> bool:
+def _runs_fused_kernel(x, weights, trans_b, backend, config, fused: FusedArgs, num_tokens: Optional[int] = None,
+                       check_bias_address: bool = True) -> bool:
     """Whether the fused kernel takes the call: _fused_kernel_takes, and the plan resolves to a MoE family."""
-    if not _fused_kernel_takes(x, weights, trans_b, fused, num_tokens):
+    if not _fused_kernel_takes(x, weights, trans_b, fused, num_tokens, check_bias_address):
         return False
     layout = _weight_layout(weights, trans_b)[0]
     n = weights.shape[1] if trans_b else weights.shape[2]

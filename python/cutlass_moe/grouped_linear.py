@@ -58,7 +58,7 @@ torch.compile too, elsewhere torch operations).
 from __future__ import annotations
 
 import math
-from typing import Optional, Tuple
+from typing import NamedTuple, Optional, Tuple
 
 import torch
 from torch import nn
@@ -67,7 +67,7 @@ from . import _C
 from .fused import FusedArgs, _runs_fused_kernel, gated_activation_of, interleave_gate_up, moe_gemm_gated
 from .ops import _ACTIVATION_IDS, _BACKENDS, _CONFIGS, _DTYPES as _CORE_DTYPES  # the core's ids
 from .ops import (_autocast, _check_not_dtensor, _check_once, _check_tensor, _compiled, _new_workspace, _on_device,
-                  _plan, _records_graph, _stream, _tensor_key, _traced, _weight_layout, define_launch_op)
+                  _plan, _records_graph, _remember, _stream, _tensor_key, _traced, _weight_layout, define_launch_op)
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 GATED_MLP_ACTIVATIONS = ("silu", "gelu", "gelu_tanh", "relu")  # gelu: the erf form; gelu_tanh: tanh approximation
@@ -132,6 +132,7 @@ def _check_grouped_linear(x, weight, bias, out) -> torch.Tensor:
 
 # (x, weight and bias layouts, gated, config) -> (plan, ldx, x group stride, ldw, expert stride), or None
 _INTERLEAVED_PLANS: dict = {}
+_UNRESOLVED = object()
 
 
 def _group_strides(t: torch.Tensor, width: int) -> Optional[Tuple[int, int]]:
@@ -208,7 +209,9 @@ def _interleaved_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[to
     cols = weight.shape[2] // 2 if gated else weight.shape[2]
     if out is None:
         out = torch.empty(batch, groups, cols, dtype=x.dtype, device=x.device)
-    ldout, out_group_stride = _group_strides(out, cols)
+        ldout, out_group_stride = groups * cols, cols  # what _group_strides makes of a new tensor
+    else:
+        ldout, out_group_stride = _group_strides(out, cols)
     device = x.device.index
     ws_bytes = plan.workspace_bytes
     workspace = _new_workspace(ws_bytes, x.device) if ws_bytes else None
@@ -235,12 +238,14 @@ def _interleaved_out_ok(out: torch.Tensor) -> bool:
 
 
 def _grouped_linear_impl(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
-                         out: Optional[torch.Tensor] = None) -> torch.Tensor:
+                         out: Optional[torch.Tensor] = None, call=_UNRESOLVED) -> torch.Tensor:
     """x (B, G, K), any strides; writes (B, G, N) into out or a new contiguous tensor, in place
     through its (G, B, N) view (see the module docstring: no copy in or out). With a bias, our MoE
     kernel over interleaved groups where it runs (the bias in its epilogue); without one, there too
-    where _no_bias_takes_moe, else cuBLAS's bmm."""
-    call = _interleaved_call(x, weight, bias) if bias is not None or _no_bias_takes_moe(x, weight) else None
+    where _no_bias_takes_moe, else cuBLAS's bmm. call: that choice made by the caller (the
+    interleaved kernel's _interleaved_call answer, or None for the bmm)."""
+    if call is _UNRESOLVED:
+        call = _interleaved_call(x, weight, bias) if bias is not None or _no_bias_takes_moe(x, weight) else None
     if call is not None and (out is None or _interleaved_out_ok(out)):
         return _interleaved_linear(x, weight, bias, out, call=call)
     if out is None:
@@ -253,6 +258,68 @@ def _grouped_linear_impl(x: torch.Tensor, weight: torch.Tensor, bias: Optional[t
         # (benchmarks/NOTES.md).
         torch.baddbmm(bias.unsqueeze(1), x.transpose(0, 1), weight, out=out.transpose(0, 1))
     return out
+
+
+# Eager inference calls on the GPU resolved by their signature (the tensors' shapes, strides, dtypes
+# and devices; grouped_mlp's activation), as the fused calls' _resolved_fused: the checks and the
+# kernel choices are made once, the addresses checked on every call. Values: a _LinearRoute
+# (grouped_linear), an _MlpRoute or None (grouped_mlp).
+_ROUTES: dict = {}
+
+
+class _LinearRoute(NamedTuple):
+    groups_shape: Tuple[int, int, int]  # x as (B, G, K)
+    call: Optional[tuple]               # _interleaved_plan's answer; None: the bmm (baddbmm with a bias)
+
+
+def _linear_route(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> _LinearRoute:
+    """_grouped_linear_impl's choice for x (B, G, K), checked, without the addresses."""
+    call = None
+    if x.is_cuda and (bias is not None or _no_bias_takes_moe(x, weight)):
+        call = _interleaved_plan(x, weight, bias, False, "auto")
+    return _LinearRoute(tuple(x.shape), call)
+
+
+def _addresses_ok(t: torch.Tensor, bias: Optional[torch.Tensor], interleaved: bool = True) -> bool:
+    """The interleaved kernel's address rules (_interleaved_call) for x or a weight t and its bias:
+    16-byte aligned t, a 4-byte aligned bias (interleaved=False: the bmm's, any). A null address (a
+    tensor without storage of its own, e.g. a DTensor) never passes: the checks name it."""
+    p = t.data_ptr()
+    if p == 0 or (interleaved and p % 16):
+        return False
+    if bias is None:
+        return True
+    b = bias.data_ptr()
+    return b != 0 and not (interleaved and b % 4)
+
+
+def _run_linear_route(route: _LinearRoute, x: torch.Tensor, weight: torch.Tensor,
+                      bias: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """grouped_linear by the route of its signature, or None where the addresses do not suit it."""
+    kernel = route.call is not None
+    if not (_addresses_ok(x, None, kernel) and _addresses_ok(weight, bias, kernel)):
+        return None
+    if x.dim() == 2:
+        x = x.view(route.groups_shape)
+    if kernel:
+        return _interleaved_linear(x, weight, bias, call=route.call)
+    return _grouped_linear_impl(x, weight, bias, call=None)
+
+
+def _grouped_linear_routed(x, weight, bias) -> Optional[torch.Tensor]:
+    """An eager inference call (no gradient recorded) by its signature's route, or None where the
+    call takes grouped_linear's general path."""
+    try:
+        if _records_graph(x, weight, bias):
+            return None
+        key = ("linear", _tensor_key(x), _tensor_key(weight), _tensor_key(bias))
+        route = _ROUTES.get(key, _UNRESOLVED)
+    except (AttributeError, TypeError):  # not tensors: the checks name them
+        return None
+    if route is _UNRESOLVED:
+        route = _linear_route(_check_grouped_linear(x, weight, bias, None), weight, bias)
+        _remember(_ROUTES, key, route)
+    return _run_linear_route(route, x, weight, bias)
 
 
 def _weight_grad(x: torch.Tensor, grad: torch.Tensor, weight_strides: Tuple[int, ...]) -> torch.Tensor:
@@ -397,6 +464,10 @@ def grouped_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.T
     """
     if out is None:
         x, weight, bias = _autocast(x, weight, bias)
+        if isinstance(x, torch.Tensor) and x.is_cuda and not torch.compiler.is_compiling():
+            y = _grouped_linear_routed(x, weight, bias)
+            if y is not None:
+                return y
     x = _check_grouped_linear(x, weight, bias, out)
     if out is not None:
         if _records_graph(x, weight, bias):
@@ -503,9 +574,11 @@ class GroupedLinear(nn.Module):
                 f"out_features={self.out_features}, bias={self.bias is not None}")
 
 
-def _gated_kernel_takes(x: torch.Tensor, gate_up_weight: torch.Tensor, gate_up_bias, activation: str) -> bool:
+def _gated_kernel_takes(x: torch.Tensor, gate_up_weight: torch.Tensor, gate_up_bias, activation: str,
+                        check_addresses: bool = True) -> bool:
     """Whether moe_gemm_gated's fused kernel takes the gate/up projection of x (B, G, K): a CUDA
-    tensor, sizes and strides its kernels take, and a MoE family (moe, sm80_moe) for the shapes."""
+    tensor, sizes and strides its kernels take, and a MoE family (moe, sm80_moe) for the shapes.
+    check_addresses=False: whatever the weight's and the bias's addresses (the caller checks them)."""
     batch, groups, k = x.shape
     w = gate_up_weight
     if not (x.is_cuda and x.dtype in (torch.float16, torch.bfloat16) and batch * groups > 0):
@@ -516,10 +589,10 @@ def _gated_kernel_takes(x: torch.Tensor, gate_up_weight: torch.Tensor, gate_up_b
         return False
     if _traced(x, w):  # the pointers and the plan are decided at run time, by the op itself
         return True
-    if w.data_ptr() % 16:
+    if check_addresses and w.data_ptr() % 16:
         return False
     return _runs_fused_kernel(x, w, False, "auto", "auto", FusedArgs(gate_up_bias, activation, None, True),
-                              num_tokens=batch * groups)
+                              num_tokens=batch * groups, check_bias_address=check_addresses)
 
 
 def _gated_projection(x: torch.Tensor, gate_up_weight: torch.Tensor, gate_up_bias: Optional[torch.Tensor],
@@ -563,6 +636,62 @@ _grouped_gated_projection = define_launch_op(
     _grouped_gated_projection_body, _gated_projection_fake)
 
 
+def _check_grouped_mlp(x, gate_up_weight, down_weight, gate_up_bias, down_bias) -> torch.Tensor:
+    """grouped_mlp's checks of x and the gate/up projection (the down projection's are
+    grouped_linear's, on the activation); returns x as (B, G, K)."""
+    if down_weight.dim() == 3 and gate_up_weight.dim() == 3 and down_weight.shape[1] * 2 != gate_up_weight.shape[2]:
+        raise ValueError(f"down_weight: expected (G, H, N) with H = {gate_up_weight.shape[2] // 2} (half of "
+                         f"gate_up_weight's {gate_up_weight.shape[2]} columns), got {tuple(down_weight.shape)}")
+    return _check_grouped_linear(x, gate_up_weight, gate_up_bias, None)
+
+
+class _MlpRoute(NamedTuple):
+    groups_shape: Tuple[int, int, int]  # x as (B, G, K)
+    gate_up: tuple                      # _interleaved_plan's answer for the gated projection
+    down: _LinearRoute                  # the down projection's, over the activation
+
+
+def _mlp_route(x, gate_up_weight, down_weight, gate_up_bias, down_bias, activation) -> Optional[_MlpRoute]:
+    """The route of an inference call on a signature seen for the first time, after grouped_mlp's
+    checks and the down projection's (which raise naming the argument): the choices
+    grouped_mlp's general path makes, without the addresses (checked per call); None where the
+    gate/up projection is not the interleaved kernel (the general path decides per call)."""
+    x = _check_grouped_mlp(x, gate_up_weight, down_weight, gate_up_bias, down_bias)
+    batch, groups, _ = x.shape
+    hidden = gate_up_weight.shape[2] // 2
+    # A stand-in for the activation: a new (B, G, H) tensor, as the gated projection makes.
+    activation_like = torch.empty(batch, groups, hidden, dtype=x.dtype, device=x.device)
+    down = _linear_route(_check_grouped_linear(activation_like, down_weight, down_bias, None), down_weight, down_bias)
+    if not (x.is_cuda and _gated_kernel_takes(x, gate_up_weight, gate_up_bias, activation, check_addresses=False)):
+        return None
+    gate_up = _interleaved_plan(x, gate_up_weight, gate_up_bias, True, "auto")
+    return None if gate_up is None else _MlpRoute(tuple(x.shape), gate_up, down)
+
+
+def _grouped_mlp_routed(x, gate_up_weight, down_weight, gate_up_bias, down_bias,
+                        activation) -> Optional[torch.Tensor]:
+    """An inference call (no gradient recorded) by its signature's route, or None where the call
+    takes grouped_mlp's general path."""
+    try:
+        if _records_graph(x, gate_up_weight, down_weight, gate_up_bias, down_bias):
+            return None
+        key = ("mlp", _tensor_key(x), _tensor_key(gate_up_weight), _tensor_key(down_weight),
+               _tensor_key(gate_up_bias), _tensor_key(down_bias), activation)
+        route = _ROUTES.get(key, _UNRESOLVED)
+    except (AttributeError, TypeError):  # not tensors, or an unhashable activation: the checks name them
+        return None
+    if route is _UNRESOLVED:
+        route = _mlp_route(x, gate_up_weight, down_weight, gate_up_bias, down_bias, activation)
+        _remember(_ROUTES, key, route)
+    if route is None or not (_addresses_ok(x, None) and _addresses_ok(gate_up_weight, gate_up_bias)):
+        return None
+    if x.dim() == 2:
+        x = x.view(route.groups_shape)
+    a = _interleaved_linear(x, gate_up_weight, gate_up_bias, activation=activation, gated=True, call=route.gate_up)
+    y = _run_linear_route(route.down, a, down_weight, down_bias)
+    return grouped_linear(a, down_weight, down_bias) if y is None else y  # the latter checks and decides again
+
+
 def grouped_mlp(x: torch.Tensor, gate_up_weight: torch.Tensor, down_weight: torch.Tensor,
                 gate_up_bias: Optional[torch.Tensor] = None, down_bias: Optional[torch.Tensor] = None,
                 activation: str = "silu", *, fused: bool = True) -> torch.Tensor:
@@ -572,14 +701,17 @@ def grouped_mlp(x: torch.Tensor, gate_up_weight: torch.Tensor, down_weight: torc
     ``fused``: in inference (no gradient recorded), the gate/up projection and the activation as
     :func:`cutlass_moe.moe_gemm_gated`'s one kernel where it runs (module docstring); else, and
     always where a gradient is recorded, :func:`grouped_linear` then :func:`gated_activation`.
-    The down projection is :func:`grouped_linear` either way."""
+    The down projection is :func:`grouped_linear` either way. An eager inference call's checks and
+    kernel choices are made once per signature (shapes, strides, dtypes, devices, activation);
+    the addresses are checked on every call."""
     _check_activation(activation)
     x, gate_up_weight, down_weight, gate_up_bias, down_bias = _autocast(x, gate_up_weight, down_weight, gate_up_bias,
                                                                        down_bias)
-    if down_weight.dim() == 3 and gate_up_weight.dim() == 3 and down_weight.shape[1] * 2 != gate_up_weight.shape[2]:
-        raise ValueError(f"down_weight: expected (G, H, N) with H = {gate_up_weight.shape[2] // 2} (half of "
-                         f"gate_up_weight's {gate_up_weight.shape[2]} columns), got {tuple(down_weight.shape)}")
-    x = _check_grouped_linear(x, gate_up_weight, gate_up_bias, None)   # (B, G, K)
+    if fused and isinstance(x, torch.Tensor) and x.is_cuda and not torch.compiler.is_compiling():
+        y = _grouped_mlp_routed(x, gate_up_weight, down_weight, gate_up_bias, down_bias, activation)
+        if y is not None:
+            return y
+    x = _check_grouped_mlp(x, gate_up_weight, down_weight, gate_up_bias, down_bias)   # (B, G, K)
     # The fused kernel only in inference: where a gradient is recorded, moe_gemm_gated would run its
     # composite path (a plain GEMM kept for the backward) over the group-major copy of x, and its
     # backward our MoE dgrad and wgrad; cuBLAS's strided batched GEMMs on x in place are faster in

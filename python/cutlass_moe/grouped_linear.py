@@ -439,6 +439,9 @@ def grouped_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.T
     Under ``torch.autocast`` (x's device type) x, weight and bias are cast to the autocast dtype
     first, as ``nn.Linear``'s are (not with ``out``).
 
+    An eager call on the GPU with no gradient recorded makes its checks and its kernel choice once
+    per signature (shapes, strides, dtypes, devices); the addresses are checked on every call.
+
     Autograd: differentiable in x, weight and bias (``torch.ops.cutlass_moe.grouped_linear`` under
     torch.export; compiled graphs call its launch-only twin ``grouped_linear_launch``):
     ``dx[b, g] = dy[b, g] @ weight[g]^T`` (this function with the weight's transposed view),

@@ -299,6 +299,32 @@ def test_fused_epilogue_and_gated_projection_on_the_second_gpu(backend):
         _assert_close(got, want, name)
 
 
+def test_grouped_linear_modules_in_inference_on_the_second_gpu():
+    # No gradient: GroupedLinear and GroupedMLP (biases: every projection our interleaved kernel, the
+    # gated one fused) by their signatures' routes, which are per device: each GPU's first pass
+    # resolves its own, the second pass takes it (_on_each_gpu checks the bits of both passes).
+    skip_unless_built("moe", BF16, "kn")
+    batch, groups, k, hidden, n = 96, 8, 256, 384, 128
+    torch.manual_seed(26)
+    linear = cutlass_moe.GroupedLinear(groups, k, n, dtype=BF16)
+    mlp = cutlass_moe.GroupedMLP(groups, k, hidden, n, bias=True, dtype=BF16)
+    x = torch.randn(batch, groups, k, generator=torch.Generator().manual_seed(27)).to(BF16)
+
+    def run(x):
+        with torch.no_grad():
+            return tuple(module.to(x.device)(x) for module in (linear, mlp))
+
+    on0, on1 = _on_each_gpu(run, x)
+    _assert_same_bits(on0, on1, ["GroupedLinear", "GroupedMLP"])
+    xf = x.float()
+    params = {name: p.detach().cpu().float() for name, p in [*linear.named_parameters(), *mlp.named_parameters()]}
+    _assert_close(on1[0], torch.einsum("bgk,gkn->bgn", xf, params["weight"]) + params["bias"], "GroupedLinear")
+    h = torch.einsum("bgk,gkh->bgh", xf, params["gate_up_weight"]) + params["gate_up_bias"]
+    ref = torch.einsum("bgh,ghn->bgn", torch.nn.functional.silu(h[..., 0::2]) * h[..., 1::2],
+                       params["down_weight"]) + params["down_bias"]
+    _assert_close(on1[1], ref, "GroupedMLP")
+
+
 def test_grouped_linear_modules_on_the_second_gpu():
     # GroupedLinear (its interleaved MoE kernel with the bias in the epilogue) and GroupedMLP (the
     # gated projection and the down projection), forward and backward, same parameters on both GPUs.

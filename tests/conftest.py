@@ -268,3 +268,40 @@ class FusedMoeMLP(torch.nn.Module):
         h = cutlass_moe.moe_gemm_gated(xs, self.w_gate_up, counts, bias=self.b_gate_up)
         ys = cutlass_moe.moe_gemm(h, self.w_down, counts, trans_b=True, row_scale=probs.flatten()[order])
         return torch.zeros_like(ys).index_copy(0, order, ys).view(x.shape[0], self.top_k, -1).sum(1)
+
+
+def check_reduce_overhead(module, make_input, steps=4, rel=2e-2):
+    """torch.compile(module, mode="reduce-overhead", fullgraph=True): Inductor records each compiled
+    graph in a CUDA graph (cudagraph trees) and replays it. `steps` training steps (forward and
+    backward) and `steps` inference steps, a new make_input() each (for an MoE layer: new routing,
+    new counts), each against eager: the output's and every gradient's relative error at most rel
+    (Inductor computes elementwise work in float32 where eager rounds in between). Inductor must not
+    skip the CUDA graphs."""
+    from torch._dynamo.utils import counters
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(module, mode="reduce-overhead", fullgraph=True)
+    names = ["output"] + [name for name, _ in module.named_parameters()]
+
+    def assert_close(got, want, what):
+        err = float((got.float() - want.float()).norm() / want.float().norm())
+        assert err <= rel, f"{what}: relative error {err:.3e}"
+
+    for step in range(steps):  # Inductor's warm-up, the recording, then replays
+        x = make_input()
+        results = []
+        for run in (compiled, module):
+            torch.compiler.cudagraph_mark_step_begin()
+            module.zero_grad(set_to_none=True)
+            y = run(x)
+            y.float().pow(2).sum().backward()
+            results.append([y.detach().clone()] + [p.grad.clone() for p in module.parameters()])
+        for name, got, want in zip(names, *results):
+            assert_close(got, want, f"training step {step}, {name}")
+    with torch.no_grad():
+        for step in range(steps):
+            x = make_input()
+            torch.compiler.cudagraph_mark_step_begin()
+            got = compiled(x).clone()
+            assert_close(got, module(x), f"inference step {step}")
+    assert counters["inductor"]["cudagraph_skips"] == 0, dict(counters["inductor"])

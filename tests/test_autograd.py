@@ -9,8 +9,8 @@ import cutlass_moe
 from cutlass_moe import moe_gemm, moe_gemm_wgrad
 from cutlass_moe.reference import assert_close_per_expert, moe_gemm_reference
 
-from conftest import (DTYPE_NAMES, HAS_CUDA, FusedMoeMLP, backend_param, check_dw, check_dx, graph_recorder,
-                      random_counts, requires_kernels, runs_here, wgrad_backend_param)
+from conftest import (DTYPE_NAMES, HAS_CUDA, FusedMoeMLP, backend_param, check_dw, check_dx, check_reduce_overhead,
+                      graph_recorder, random_counts, requires_kernels, runs_here, wgrad_backend_param)
 
 BF16 = torch.bfloat16
 
@@ -717,48 +717,17 @@ def test_cuda_graph_forward_backward_with_new_counts():
         check_dw(dw, ref_dw, new.cpu(), t)
 
 
-def _relative_error(got, want) -> float:
-    return float((got.float() - want.float()).norm() / want.float().norm())
-
-
 @gpu
 @requires_kernels
 @pytest.mark.parametrize("counts", ["index_add", "bincount"])
 def test_compile_reduce_overhead_gpu(counts):
-    """torch.compile(mode="reduce-overhead"): Inductor records each compiled graph in a CUDA graph
-    (cudagraph trees) and replays it, while the routing, and with it the counts, changes at every
-    step. The MoE MLP on the fused ops (conftest.FusedMoeMLP): training steps (forward and
-    backward: the fused ops' composite path) and inference (the fused kernels), each step against
-    eager. Inductor must not skip the CUDA graphs."""
-    from torch._dynamo.utils import counters
-    torch._dynamo.reset()
-    counters.clear()
+    """torch.compile(mode="reduce-overhead") of the MoE MLP on the fused ops (conftest.FusedMoeMLP):
+    training steps (the fused ops' composite path) and inference (the fused kernels) replayed from
+    CUDA graphs while the routing, and with it the counts, changes at every step."""
     torch.manual_seed(0)
     model = FusedMoeMLP(8, 256, 128, 2, counts, dtype=BF16, device="cuda")
-    compiled = torch.compile(model, mode="reduce-overhead", fullgraph=True)
-    names = ["y"] + [name for name, _ in model.named_parameters()]
     gen = torch.Generator(device="cuda").manual_seed(3)
-    for step in range(4):  # Inductor's warm-up, the recording, then replays
-        x = torch.randn(512, 256, device="cuda", dtype=BF16, generator=gen)
-        results = []
-        for run in (compiled, model):
-            torch.compiler.cudagraph_mark_step_begin()
-            model.zero_grad(set_to_none=True)
-            y = run(x)
-            y.float().pow(2).sum().backward()
-            results.append([y.detach().clone()] + [p.grad.clone() for p in model.parameters()])
-        # Inductor computes the SiLU and the products in float32 where eager rounds in between:
-        # judged as a whole, to bf16 rounding.
-        for name, got, want in zip(names, *results):
-            assert _relative_error(got, want) < 2e-2, f"step {step}, {name}: {_relative_error(got, want):.3e}"
-    with torch.no_grad():
-        for step in range(4):
-            x = torch.randn(512, 256, device="cuda", dtype=BF16, generator=gen)
-            torch.compiler.cudagraph_mark_step_begin()
-            got = compiled(x).clone()
-            want = model(x)
-            assert _relative_error(got, want) < 2e-2, f"inference step {step}: {_relative_error(got, want):.3e}"
-    assert counters["inductor"]["cudagraph_skips"] == 0, dict(counters["inductor"])
+    check_reduce_overhead(model, lambda: torch.randn(512, 256, device="cuda", dtype=BF16, generator=gen))
 
 
 @gpu

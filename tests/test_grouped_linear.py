@@ -588,6 +588,17 @@ def test_compile_grouped_mlp_inference_cuda(offset):
     check(got_inductor, want.float(), BF16, 1, "y (Inductor)")
 
 
+def _count_route_calls(monkeypatch, gl):
+    """(checks, kernels): lists that grow by one at each call of _check_grouped_linear and of our
+    interleaved kernel; the routes start empty."""
+    checks, kernels = [], []
+    real_check, real_kernel = gl._check_grouped_linear, gl._interleaved_linear
+    monkeypatch.setattr(gl, "_check_grouped_linear", lambda *a: checks.append(1) or real_check(*a))
+    monkeypatch.setattr(gl, "_interleaved_linear", lambda *a, **kw: kernels.append(1) or real_kernel(*a, **kw))
+    gl._ROUTES.clear()
+    return checks, kernels
+
+
 def _offset_copy(t: torch.Tensor, elements: int) -> torch.Tensor:
     """A copy of t with t's shape and strides, `elements` past the start of a new buffer."""
     buf = torch.empty(t.numel() + elements, dtype=t.dtype, device=t.device)
@@ -612,11 +623,7 @@ def test_grouped_linear_inference_route_cuda(monkeypatch, case):
             m.setattr(gl, "_grouped_linear_routed", lambda *a: None)
             return grouped_linear(*args)
 
-    checks, kernels = [], []
-    real_check, real_kernel = gl._check_grouped_linear, gl._interleaved_linear
-    monkeypatch.setattr(gl, "_check_grouped_linear", lambda *a: checks.append(1) or real_check(*a))
-    monkeypatch.setattr(gl, "_interleaved_linear", lambda *a, **kw: kernels.append(1) or real_kernel(*a, **kw))
-    gl._ROUTES.clear()
+    checks, kernels = _count_route_calls(monkeypatch, gl)
     with torch.no_grad():
         for form in ("3d", "2d"):
             for seed in (22, 23):  # the signature's first call, then a call by its route
@@ -672,11 +679,7 @@ def test_grouped_mlp_inference_route_cuda(monkeypatch, down_bias):
     def reference(x, w, dw, bb, db):
         return loop_mlp(x.view(b, g, k), w[..., 0::2], w[..., 1::2], dw, bb[..., 0::2], bb[..., 1::2], db)
 
-    checks, kernels = [], []
-    real_check, real_kernel = gl._check_grouped_linear, gl._interleaved_linear
-    monkeypatch.setattr(gl, "_check_grouped_linear", lambda *a: checks.append(1) or real_check(*a))
-    monkeypatch.setattr(gl, "_interleaved_linear", lambda *a, **kw: kernels.append(1) or real_kernel(*a, **kw))
-    gl._ROUTES.clear()
+    checks, kernels = _count_route_calls(monkeypatch, gl)
     with torch.no_grad():
         for form in ("3d", "2d"):
             for seed in (16, 17):  # the signature's first call, then a call by its route
@@ -708,34 +711,13 @@ def test_grouped_mlp_inference_route_cuda(monkeypatch, down_bias):
 
 @requires_cuda
 def test_compile_grouped_mlp_reduce_overhead_cuda():
-    # torch.compile(mode="reduce-overhead"): the compiled GroupedMLP recorded in CUDA graphs and
-    # replayed, training (forward and backward) and inference, each step against eager.
-    from torch._dynamo.utils import counters
-    torch._dynamo.reset()
-    counters.clear()
+    # torch.compile(mode="reduce-overhead"): GroupedMLP with biases replayed from CUDA graphs,
+    # training and inference (conftest.check_reduce_overhead).
+    from conftest import check_reduce_overhead
     torch.manual_seed(19)
     mlp = GroupedMLP(12, 128, 256, 64, bias=True, device="cuda", dtype=BF16)
-    compiled = torch.compile(mlp, mode="reduce-overhead", fullgraph=True)
     gen = torch.Generator(device="cuda").manual_seed(20)
-    for step in range(4):
-        x = torch.randn(40, 12, 128, device="cuda", dtype=BF16, generator=gen)
-        results = []
-        for run in (compiled, mlp):
-            torch.compiler.cudagraph_mark_step_begin()
-            mlp.zero_grad(set_to_none=True)
-            y = run(x)
-            y.float().pow(2).sum().backward()
-            results.append([y.detach().clone()] + [p.grad.clone() for p in mlp.parameters()])
-        for i, (got, want) in enumerate(zip(*results)):
-            err = float((got.float() - want.float()).norm() / want.float().norm())
-            assert err < 2e-2, f"step {step}, output {i}: relative error {err:.3e}"
-    with torch.no_grad():
-        for step in range(4):
-            x = torch.randn(40, 12, 128, device="cuda", dtype=BF16, generator=gen)
-            torch.compiler.cudagraph_mark_step_begin()
-            got = compiled(x).clone()
-            check(got, mlp(x).float(), BF16, 1, f"inference step {step}", elementwise=False)
-    assert counters["inductor"]["cudagraph_skips"] == 0, dict(counters["inductor"])
+    check_reduce_overhead(mlp, lambda: torch.randn(40, 12, 128, device="cuda", dtype=BF16, generator=gen))
 
 
 @requires_cuda

@@ -176,7 +176,7 @@ def _interleaved_plan(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torc
                 call = (plan, *x_strides, ldw, expert_stride)
             except (NotImplementedError, ValueError):  # no sm90 MoE kernel here for this dtype or layout
                 pass
-    _INTERLEAVED_PLANS[key] = call
+    _remember(_INTERLEAVED_PLANS, key, call)
     return call
 
 

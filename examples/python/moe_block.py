@@ -6,8 +6,10 @@
 
 What it shows:
 - Routing: the top k of the router's softmax, renormalized over the k chosen (Mixtral); the token
-  copies sorted by expert with a stable argsort; the counts by torch.bincount. Nothing is read back
-  to the host, so the block can sit in a CUDA graph while the routing changes.
+  copies sorted by expert with a stable argsort; each expert's count from a search of the sorted
+  expert ids (E entries, no atomics). Nothing is read back to the host (torch.bincount would: on a
+  GPU it reads the ids' maximum to size its output), so the block can sit in a CUDA graph while the
+  routing changes.
 - The experts in two calls:
   - ``moe_gemm_gated``: gate and up projections in one GEMM, SwiGLU in its epilogue;
   - ``moe_gemm`` with ``row_scale``: the down projection, each row scaled by its router weight in the
@@ -63,7 +65,8 @@ class MoeBlock(torch.nn.Module):
         weights = weights / weights.sum(-1, keepdim=True)          # Mixtral renormalizes the k chosen
         flat = chosen.flatten()                                     # token t's copies at t * k .. t * k + k - 1
         order = torch.argsort(flat, stable=True)                    # the copies sorted by expert
-        counts = torch.bincount(flat, minlength=self.experts)       # tokens_per_expert, on x's device
+        ends = torch.searchsorted(flat[order], torch.arange(1, self.experts + 1, device=x.device), right=False)
+        counts = torch.diff(ends, prepend=ends.new_zeros(1))         # tokens_per_expert, on x's device
         xs = x[order // self.top_k]
         h = cutlass_moe.moe_gemm_gated(xs, self.gate_up, counts, trans_b=True)       # silu(gate) * up
         ys = cutlass_moe.moe_gemm(h, self.down, counts, trans_b=True, row_scale=weights.flatten()[order])

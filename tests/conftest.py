@@ -243,8 +243,8 @@ def graph_recorder():
 class FusedMoeMLP(torch.nn.Module):
     """A Mixtral-style MoE MLP on our fused ops: the router, the gated gate/up projection with its
     bias (gpt-oss), the down projection with (E, N, K) weights scaled by each token's router weight,
-    the combine. counts: "bincount" (a length known at run time while tracing) or "index_add" (a
-    static length, what a graph meant for CUDA-graph capture uses)."""
+    the combine. counts: "bincount" (a length known only at run time while tracing; in eager on a
+    GPU it reads the ids back to the host) or "index_add" (a static length, nothing read back)."""
 
     def __init__(self, experts, hidden, inter, top_k, counts="bincount", dtype=None, device=None):
         super().__init__()

@@ -64,7 +64,8 @@ import torch
 from torch import nn
 
 from . import _C
-from .fused import FusedArgs, _runs_fused_kernel, gated_activation_of, interleave_gate_up, moe_gemm_gated
+from .fused import (_MISSING, FusedArgs, _bias_aligned, _runs_fused_kernel, gated_activation_of, interleave_gate_up,
+                    moe_gemm_gated)
 from .ops import _ACTIVATION_IDS, _BACKENDS, _CONFIGS, _DTYPES as _CORE_DTYPES  # the core's ids
 from .ops import (_autocast, _check_not_dtensor, _check_once, _check_tensor, _compiled, _new_workspace, _on_device,
                   _plan, _records_graph, _remember, _stream, _tensor_key, _traced, _weight_layout, define_launch_op)
@@ -132,7 +133,6 @@ def _check_grouped_linear(x, weight, bias, out) -> torch.Tensor:
 
 # (x, weight and bias layouts, gated, config) -> (plan, ldx, x group stride, ldw, expert stride), or None
 _INTERLEAVED_PLANS: dict = {}
-_UNRESOLVED = object()
 
 
 def _group_strides(t: torch.Tensor, width: int) -> Optional[Tuple[int, int]]:
@@ -185,9 +185,7 @@ def _interleaved_call(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torc
     """The MoE kernel's (plan, ldx, x group stride, ldw, expert stride) for x (B, G, K) and weight
     (G, K, N) as interleaved groups, or None where it does not take them (traced or CPU tensors,
     shapes, strides, pointers). config: the heuristic's ("auto") or a built one (tests)."""
-    if _traced(x, weight) or not x.is_cuda:
-        return None
-    if x.data_ptr() % 16 or weight.data_ptr() % 16 or (bias is not None and bias.data_ptr() % 4):
+    if _traced(x, weight) or not x.is_cuda or not (_addresses_ok(x, None) and _addresses_ok(weight, bias)):
         return None
     return _interleaved_plan(x, weight, bias, gated, config)
 
@@ -238,13 +236,13 @@ def _interleaved_out_ok(out: torch.Tensor) -> bool:
 
 
 def _grouped_linear_impl(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
-                         out: Optional[torch.Tensor] = None, call=_UNRESOLVED) -> torch.Tensor:
+                         out: Optional[torch.Tensor] = None, call=_MISSING) -> torch.Tensor:
     """x (B, G, K), any strides; writes (B, G, N) into out or a new contiguous tensor, in place
     through its (G, B, N) view (see the module docstring: no copy in or out). With a bias, our MoE
     kernel over interleaved groups where it runs (the bias in its epilogue); without one, there too
     where _no_bias_takes_moe, else cuBLAS's bmm. call: that choice made by the caller (the
     interleaved kernel's _interleaved_call answer, or None for the bmm)."""
-    if call is _UNRESOLVED:
+    if call is _MISSING:
         call = _interleaved_call(x, weight, bias) if bias is not None or _no_bias_takes_moe(x, weight) else None
     if call is not None and (out is None or _interleaved_out_ok(out)):
         return _interleaved_linear(x, weight, bias, out, call=call)
@@ -281,16 +279,14 @@ def _linear_route(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Te
 
 
 def _addresses_ok(t: torch.Tensor, bias: Optional[torch.Tensor], interleaved: bool = True) -> bool:
-    """The interleaved kernel's address rules (_interleaved_call) for x or a weight t and its bias:
-    16-byte aligned t, a 4-byte aligned bias (interleaved=False: the bmm's, any). A null address (a
-    tensor without storage of its own, e.g. a DTensor) never passes: the checks name it."""
+    """The interleaved kernel's address rules for x or a weight t and its bias: 16-byte aligned t, a
+    bias read in column pairs (_bias_aligned) (interleaved=False: the bmm's, any). A null address (a
+    tensor without storage of its own, e.g. a DTensor, or an empty one) never passes: the checks and
+    the general path deal with those."""
     p = t.data_ptr()
     if p == 0 or (interleaved and p % 16):
         return False
-    if bias is None:
-        return True
-    b = bias.data_ptr()
-    return b != 0 and not (interleaved and b % 4)
+    return bias is None or (bias.data_ptr() != 0 and (not interleaved or _bias_aligned(bias)))
 
 
 def _run_linear_route(route: _LinearRoute, x: torch.Tensor, weight: torch.Tensor,
@@ -313,10 +309,10 @@ def _grouped_linear_routed(x, weight, bias) -> Optional[torch.Tensor]:
         if _records_graph(x, weight, bias):
             return None
         key = ("linear", _tensor_key(x), _tensor_key(weight), _tensor_key(bias))
-        route = _ROUTES.get(key, _UNRESOLVED)
+        route = _ROUTES.get(key, _MISSING)
     except (AttributeError, TypeError):  # not tensors: the checks name them
         return None
-    if route is _UNRESOLVED:
+    if route is _MISSING:
         route = _linear_route(_check_grouped_linear(x, weight, bias, None), weight, bias)
         _remember(_ROUTES, key, route)
     return _run_linear_route(route, x, weight, bias)
@@ -680,10 +676,10 @@ def _grouped_mlp_routed(x, gate_up_weight, down_weight, gate_up_bias, down_bias,
             return None
         key = ("mlp", _tensor_key(x), _tensor_key(gate_up_weight), _tensor_key(down_weight),
                _tensor_key(gate_up_bias), _tensor_key(down_bias), activation)
-        route = _ROUTES.get(key, _UNRESOLVED)
+        route = _ROUTES.get(key, _MISSING)
     except (AttributeError, TypeError):  # not tensors, or an unhashable activation: the checks name them
         return None
-    if route is _UNRESOLVED:
+    if route is _MISSING:
         route = _mlp_route(x, gate_up_weight, down_weight, gate_up_bias, down_bias, activation)
         _remember(_ROUTES, key, route)
     if route is None or not (_addresses_ok(x, None) and _addresses_ok(gate_up_weight, gate_up_bias)):

@@ -2,6 +2,8 @@
 they never pass without running."""
 import functools
 import re
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -305,3 +307,60 @@ def check_reduce_overhead(module, make_input, steps=4, rel=2e-2):
             got = compiled(x).clone()
             assert_close(got, module(x), f"inference step {step}")
     assert counters["inductor"]["cudagraph_skips"] == 0, dict(counters["inductor"])
+
+
+_AOTI_PROBE = """
+import tempfile, torch
+class M(torch.nn.Module):
+    def forward(self, x):
+        return x.sin() + 1
+x = torch.randn(4, 8)
+with tempfile.TemporaryDirectory() as folder:
+    path = torch._inductor.aoti_compile_and_package(torch.export.export(M(), (x,)), package_path=folder + "/m.pt2")
+    assert torch.allclose(torch._inductor.aoti_load_package(path)(x), x.sin() + 1)
+print("ok")
+"""
+
+
+@functools.lru_cache(maxsize=None)
+def aoti_unavailable():
+    """None where this torch compiles and loads an AOTInductor package, else why not. Probed once per
+    session, in a process of its own, with a model that has none of our ops: on the H200 machine
+    (torch 2.11.0+cu130) loading any AOTInductor library kills the process with a segmentation
+    fault (benchmarks/NOTES.md, forty-fourth session), which must not take the test session along."""
+    try:
+        result = subprocess.run([sys.executable, "-c", _AOTI_PROBE], capture_output=True, text=True, timeout=900)
+    except subprocess.TimeoutExpired:
+        return "AOTInductor's probe took over 900 s"
+    if result.returncode == 0 and result.stdout.rstrip().endswith("ok"):
+        return None
+    why = (f"killed by signal {-result.returncode}" if result.returncode < 0
+           else (result.stderr.strip().splitlines() or [f"exit code {result.returncode}"])[-1])
+    return f"this torch ({torch.__version__}) cannot compile and load an AOTInductor package of a model without our ops: {why}"
+
+
+def check_aoti_package(module, make_input, package_path, sizes=(40, 1, 7, 333), rel=2e-2):
+    """torch.export of `module` under no_grad with a dynamic leading dimension (a serving batch's
+    tokens), compiled ahead of time by AOTInductor into a package (aoti_compile_and_package), loaded
+    back and run on make_input(size) for each of `sizes` (for an MoE layer: new routing, new counts),
+    each against eager within `rel` relative error. The package calls our ops through AOTInductor's
+    proxy executor, which finds them registered in this process (import cutlass_moe before loading
+    one). Returns the exported program's cutlass_moe targets. Skips where AOTInductor itself does not
+    work (aoti_unavailable)."""
+    reason = aoti_unavailable()
+    if reason:
+        pytest.skip(reason)
+    with torch.no_grad():
+        tokens = torch.export.Dim("tokens", min=1, max=4096)
+        program = torch.export.export(module, (make_input(sizes[0]),), dynamic_shapes=({0: tokens},))
+        targets = sorted(str(n.target) for n in program.graph.nodes
+                         if n.op == "call_function" and str(n.target).startswith("cutlass_moe."))
+        path = torch._inductor.aoti_compile_and_package(program, package_path=str(package_path))
+        runner = torch._inductor.aoti_load_package(path)
+        for size in sizes:
+            x = make_input(size)
+            got, want = runner(x), module(x)
+            assert got.shape == want.shape, (size, got.shape, want.shape)
+            err = float((got.float() - want.float()).norm() / want.float().norm())
+            assert err <= rel, f"{size} tokens: relative error {err:.3e}"
+    return targets

@@ -9,7 +9,8 @@ import cutlass_moe
 from cutlass_moe import moe_gemm, moe_gemm_wgrad
 from cutlass_moe.reference import assert_close_per_expert, moe_gemm_reference
 
-from conftest import (DTYPE_NAMES, HAS_CUDA, FusedMoeMLP, backend_param, check_dw, check_dx, check_reduce_overhead,
+from conftest import (DTYPE_NAMES, HAS_CUDA, FusedMoeMLP, backend_param, check_aoti_package, check_dw, check_dx,
+                      check_reduce_overhead,
                       graph_recorder, random_counts, requires_kernels, runs_here, wgrad_backend_param)
 
 BF16 = torch.bfloat16
@@ -391,6 +392,16 @@ def test_export_holds_the_registered_op_cpu():
         torch.testing.assert_close(program.module()(x, counts), layer(x, counts))
 
 
+def test_aoti_package_cpu(tmp_path):
+    """The MoE MLP on the fused ops, exported and compiled ahead of time by AOTInductor: the package
+    holds the registered fused op (the float32 reference path on the CPU)."""
+    torch.manual_seed(0)
+    model = FusedMoeMLP(4, 32, 24, 2, "index_add")
+    gen = torch.Generator().manual_seed(1)
+    targets = check_aoti_package(model, lambda t: torch.randn(t, 32, generator=gen), tmp_path / "moe.pt2", rel=1e-5)
+    assert targets == ["cutlass_moe.moe_gemm_fused.default"] * 2, targets
+
+
 def test_gmm_cpu_is_moe_gemm():
     gen = torch.Generator().manual_seed(4)
     a = torch.randn(30, 16, dtype=BF16, generator=gen)
@@ -728,6 +739,22 @@ def test_compile_reduce_overhead_gpu(counts):
     model = FusedMoeMLP(8, 256, 128, 2, counts, dtype=BF16, device="cuda")
     gen = torch.Generator(device="cuda").manual_seed(3)
     check_reduce_overhead(model, lambda: torch.randn(512, 256, device="cuda", dtype=BF16, generator=gen))
+
+
+@gpu
+@requires_kernels
+@pytest.mark.parametrize("counts", ["index_add", "bincount"])
+def test_aoti_package_gpu(counts, tmp_path):
+    """The MoE MLP on the fused ops in bf16, exported and compiled ahead of time by AOTInductor, run
+    from the loaded package (the fused kernels, through AOTInductor's proxy executor) while the
+    routing and the number of tokens change (a dynamic leading dimension); bincount (no C shim)
+    runs through the same proxy executor."""
+    torch.manual_seed(0)
+    model = FusedMoeMLP(8, 256, 128, 2, counts, dtype=BF16, device="cuda")
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    targets = check_aoti_package(model, lambda t: torch.randn(t, 256, device="cuda", dtype=BF16, generator=gen),
+                                 tmp_path / "moe.pt2")
+    assert targets == ["cutlass_moe.moe_gemm_fused.default"] * 2, targets
 
 
 @gpu

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from conftest import HAS_CUDA, requires_kernels
+from conftest import HAS_CUDA, aoti_unavailable, requires_kernels
 
 EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "examples" / "python"
 
@@ -20,14 +20,20 @@ def run_example(name, *args):
 
 
 def test_moe_block_example_cpu():
-    # The float32 reference path, eager and compiled (aot_eager: no C++ compiler needed).
-    run_example("moe_block.py", "--tokens", "64", "--hidden", "32", "--inter", "48", "--experts", "4",
-                "--compile", "--compile-backend", "aot_eager")
+    # The float32 reference path, eager, compiled (aot_eager) and, where this torch's AOTInductor
+    # works, from an AOTInductor package.
+    aoti = [] if aoti_unavailable() else ["--aoti"]
+    out = run_example("moe_block.py", "--tokens", "64", "--hidden", "32", "--inter", "48", "--experts", "4",
+                      "--compile", "--compile-backend", "aot_eager", *aoti)
+    assert ("333 tokens" in out) == bool(aoti), out
 
 
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 @requires_kernels
 def test_moe_block_example_gpu():
-    # The kernels in bf16, eager and under Inductor, and the timing against the per-expert loop.
-    out = run_example("moe_block.py", "--device", "cuda", "--compile")
+    # The kernels in bf16, eager, under Inductor and, where this torch's AOTInductor works, from an
+    # AOTInductor package; the timing against the per-expert loop.
+    aoti = [] if aoti_unavailable() else ["--aoti"]
+    out = run_example("moe_block.py", "--device", "cuda", "--compile", *aoti)
     assert "ms with cutlass_moe" in out, out
+    assert ("from the AOTInductor package" in out) == bool(aoti), out

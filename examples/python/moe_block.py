@@ -3,6 +3,7 @@
     python examples/python/moe_block.py                          # CPU: the float32 reference path
     python examples/python/moe_block.py --device cuda            # the kernels, bf16
     python examples/python/moe_block.py --device cuda --compile  # torch.compile(fullgraph=True) too
+    python examples/python/moe_block.py --device cuda --aoti     # exported, compiled by AOTInductor
 
 What it shows:
 - Routing: the top k of the router's softmax, renormalized over the k chosen (Mixtral); the token
@@ -18,11 +19,17 @@ What it shows:
 - Hugging Face's expert weights taken as they are stored: per expert, ``w1`` (gate) and ``w3`` (up)
   are nn.Linear weights of shape (I, H), and ``w2`` (down) is (H, I). Gate and up are interleaved
   into one (E, 2I, H) tensor; every projection runs with ``trans_b=True``, with no transposed copy.
+- Serving ahead of time (``--aoti``): the block exported with the number of tokens dynamic
+  (``torch.export``), compiled by AOTInductor into a package, loaded back and run. The package calls
+  cutlass_moe's ops through AOTInductor's proxy executor, from a process that has imported
+  cutlass_moe (the ops are registered from Python; a process without Python cannot run them).
 - Checks: the output and every gradient against a per-expert float32 loop (how Hugging Face's
-  MixtralSparseMoeBlock computes the layer). On a GPU the script also times the block against that
-  loop in bf16.
+  MixtralSparseMoeBlock computes the layer); the AOTInductor package's output too. On a GPU the
+  script also times the block against that loop in bf16.
 """
 import argparse
+import pathlib
+import tempfile
 
 import torch
 import torch.nn.functional as F
@@ -111,6 +118,25 @@ def check(block, x, run, tolerance):
         assert err <= tolerance, f"{name}: relative error {err:.3e} > {tolerance:g}"
 
 
+def check_aoti(block, make_x, tolerance):
+    """The block exported under no_grad with a dynamic number of tokens, compiled by AOTInductor
+    into a package, loaded back: its output against loop_reference at several token counts.
+    Returns the loaded package (a callable)."""
+    with torch.no_grad():
+        tokens = torch.export.Dim("tokens", min=1, max=65536)
+        program = torch.export.export(block, (make_x(16),), dynamic_shapes=({0: tokens},))
+        with tempfile.TemporaryDirectory() as folder:
+            path = torch._inductor.aoti_compile_and_package(
+                program, package_path=str(pathlib.Path(folder) / "moe_block.pt2"))
+            package = torch._inductor.aoti_load_package(path)  # loaded: the folder may go
+        for count in (1, 16, 333):
+            x = make_x(count)
+            err = relative_error(package(x), loop_reference(block, x))
+            print(f"  {f'output, {count} tokens':<28} relative error {err:.2e}")
+            assert err <= tolerance, f"{count} tokens: relative error {err:.3e} > {tolerance:g}"
+    return package
+
+
 def median_ms(fn, repeats=50):
     """Median of `repeats` CUDA-event timings of fn, after a warm-up."""
     for _ in range(5):
@@ -136,6 +162,8 @@ def main():
     parser.add_argument("--top-k", type=int, default=2)
     parser.add_argument("--compile", action="store_true", help="also check torch.compile(fullgraph=True)")
     parser.add_argument("--compile-backend", default="inductor")
+    parser.add_argument("--aoti", action="store_true",
+                        help="also export the block and run it compiled by AOTInductor (needs a C++ compiler)")
     args = parser.parse_args()
 
     device = torch.device(args.device)
@@ -157,6 +185,10 @@ def main():
         torch._dynamo.reset()
         print(f"torch.compile(fullgraph=True, backend={args.compile_backend!r}), against the same loop:")
         check(block, x, torch.compile(block, fullgraph=True, backend=args.compile_backend), tolerance)
+    package = None
+    if args.aoti:
+        print("torch.export with a dynamic number of tokens, compiled by AOTInductor, against the same loop:")
+        package = check_aoti(block, lambda count: torch.randn(count, h).to(device, dtype), tolerance)
     if device.type == "cuda":
         def hf_loop():  # Hugging Face's per-expert loop in the model's dtype
             with torch.no_grad():
@@ -176,6 +208,10 @@ def main():
         loop = median_ms(hf_loop)
         print(f"forward, no grad: {ours:.3f} ms with cutlass_moe, {loop:.3f} ms as a per-expert loop "
               f"({loop / ours:.2f}x)")
+        if package is not None:
+            with torch.no_grad():
+                packaged = median_ms(lambda: package(x))
+            print(f"forward from the AOTInductor package: {packaged:.3f} ms")
     print("ok")
 
 

@@ -10,8 +10,8 @@ from cutlass_moe import moe_gemm, moe_gemm_wgrad
 from cutlass_moe.reference import assert_close_per_expert, moe_gemm_reference
 
 from conftest import (DTYPE_NAMES, HAS_CUDA, FusedMoeMLP, backend_param, check_aoti_package, check_dw, check_dx,
-                      check_reduce_overhead,
-                      graph_recorder, random_counts, requires_kernels, runs_here, wgrad_backend_param)
+                      check_reduce_overhead, graph_recorder, random_counts, requires_kernels, runs_here,
+                      wgrad_backend_param)
 
 BF16 = torch.bfloat16
 

@@ -392,6 +392,39 @@ def test_export_holds_the_registered_op_cpu():
         torch.testing.assert_close(program.module()(x, counts), layer(x, counts))
 
 
+def test_exported_program_saved_loaded_and_trained_through_cpu(tmp_path):
+    """torch.export.save of the fused MoE MLP (the number of tokens dynamic), loaded by a fresh process
+    that imports cutlass_moe and run at a new token count: eager's bits. The loaded program's module
+    is differentiable: trained through, it gives eager's output and gradients (float64)."""
+    import subprocess
+    import sys
+    torch.manual_seed(0)
+    model = FusedMoeMLP(4, 32, 24, 2, "index_add", dtype=torch.float64)
+    tokens = torch.export.Dim("tokens", min=1, max=4096)
+    program = torch.export.export(model, (torch.randn(40, 32, dtype=torch.float64),), dynamic_shapes=({0: tokens},))
+    torch.export.save(program, tmp_path / "moe.pt2")
+    x = torch.randn(7, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    torch.save(x, tmp_path / "x.pt")
+    with torch.no_grad():
+        torch.save(model(x), tmp_path / "want.pt")
+    code = ("import sys, torch, cutlass_moe\n"
+            "folder = sys.argv[1]\n"
+            "y = torch.export.load(folder + '/moe.pt2').module()(torch.load(folder + '/x.pt'))\n"
+            "assert torch.equal(y, torch.load(folder + '/want.pt')), (y - torch.load(folder + '/want.pt')).abs().max()\n"
+            "print('ok')\n")
+    result = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0 and result.stdout.rstrip().endswith("ok"), result.stderr[-2000:]
+
+    loaded = torch.export.load(tmp_path / "moe.pt2").module()
+    grads = []
+    for run, params in ((loaded, list(loaded.parameters())), (model, list(model.parameters()))):
+        xg = x.clone().requires_grad_()
+        y = run(xg)
+        torch.autograd.backward(y.pow(2).sum())
+        grads.append([y.detach(), xg.grad] + [p.grad for p in params])
+    assert all(torch.equal(a, b) for a, b in zip(*grads))
+
+
 def test_aoti_package_cpu(tmp_path):
     """The MoE MLP on the fused ops, exported and compiled ahead of time by AOTInductor: the package
     holds the registered fused op (the float32 reference path on the CPU)."""

@@ -1,7 +1,10 @@
 """Training: autograd of moe_gemm (dgrad through the forward kernels, wgrad through the K-grouped
-kernels), moe_gemm_wgrad on its own, the torch.library ops (opcheck, torch.compile, CUDA graphs)
-and the grouped_gemm / torch._grouped_mm drop-ins. The CPU tests run everywhere; the GPU tests
-need kernels for the GPU (conftest)."""
+kernels), moe_gemm_wgrad on its own, the torch.library ops (opcheck, torch.compile, CUDA graphs),
+the grouped_gemm / torch._grouped_mm drop-ins, and exported programs (saved and loaded, compiled by
+AOTInductor). The CPU tests run everywhere; the GPU tests need kernels for the GPU (conftest)."""
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -396,8 +399,6 @@ def test_exported_program_saved_loaded_and_trained_through_cpu(tmp_path):
     """torch.export.save of the fused MoE MLP (the number of tokens dynamic), loaded by a fresh process
     that imports cutlass_moe and run at a new token count: eager's bits. The loaded program's module
     is differentiable: trained through, it gives eager's output and gradients (float64)."""
-    import subprocess
-    import sys
     torch.manual_seed(0)
     model = FusedMoeMLP(4, 32, 24, 2, "index_add", dtype=torch.float64)
     tokens = torch.export.Dim("tokens", min=1, max=4096)

@@ -302,6 +302,20 @@ def _run_linear_route(route: _LinearRoute, x: torch.Tensor, weight: torch.Tensor
     return _grouped_linear_impl(x, weight, bias, call=None)
 
 
+def _route(key: tuple, make, *args):
+    """The route of the signature `key` (hashable), made by make(*args) the first time it is seen:
+    make runs the checks, which raise naming the argument."""
+    route = _ROUTES.get(key, _MISSING)
+    if route is _MISSING:
+        route = make(*args)
+        _remember(_ROUTES, key, route)
+    return route
+
+
+def _checked_linear_route(x, weight, bias) -> _LinearRoute:
+    return _linear_route(_check_grouped_linear(x, weight, bias, None), weight, bias)
+
+
 def _grouped_linear_routed(x, weight, bias) -> Optional[torch.Tensor]:
     """An eager inference call (no gradient recorded) by its signature's route, or None where the
     call takes grouped_linear's general path."""
@@ -309,13 +323,9 @@ def _grouped_linear_routed(x, weight, bias) -> Optional[torch.Tensor]:
         if _records_graph(x, weight, bias):
             return None
         key = ("linear", _tensor_key(x), _tensor_key(weight), _tensor_key(bias))
-        route = _ROUTES.get(key, _MISSING)
     except (AttributeError, TypeError):  # not tensors: the checks name them
         return None
-    if route is _MISSING:
-        route = _linear_route(_check_grouped_linear(x, weight, bias, None), weight, bias)
-        _remember(_ROUTES, key, route)
-    return _run_linear_route(route, x, weight, bias)
+    return _run_linear_route(_route(key, _checked_linear_route, x, weight, bias), x, weight, bias)
 
 
 def _weight_grad(x: torch.Tensor, grad: torch.Tensor, weight_strides: Tuple[int, ...]) -> torch.Tensor:
@@ -675,20 +685,19 @@ def _grouped_mlp_routed(x, gate_up_weight, down_weight, gate_up_bias, down_bias,
         if _records_graph(x, gate_up_weight, down_weight, gate_up_bias, down_bias):
             return None
         key = ("mlp", _tensor_key(x), _tensor_key(gate_up_weight), _tensor_key(down_weight),
-               _tensor_key(gate_up_bias), _tensor_key(down_bias), activation)
-        route = _ROUTES.get(key, _MISSING)
-    except (AttributeError, TypeError):  # not tensors, or an unhashable activation: the checks name them
+               _tensor_key(gate_up_bias), _tensor_key(down_bias), activation)  # activation: checked, a str
+    except (AttributeError, TypeError):  # not tensors: the checks name them
         return None
-    if route is _MISSING:
-        route = _mlp_route(x, gate_up_weight, down_weight, gate_up_bias, down_bias, activation)
-        _remember(_ROUTES, key, route)
+    route = _route(key, _mlp_route, x, gate_up_weight, down_weight, gate_up_bias, down_bias, activation)
     if route is None or not (_addresses_ok(x, None) and _addresses_ok(gate_up_weight, gate_up_bias)):
         return None
     if x.dim() == 2:
         x = x.view(route.groups_shape)
     a = _interleaved_linear(x, gate_up_weight, gate_up_bias, activation=activation, gated=True, call=route.gate_up)
     y = _run_linear_route(route.down, a, down_weight, down_bias)
-    return grouped_linear(a, down_weight, down_bias) if y is None else y  # the latter checks and decides again
+    if y is None:  # the down projection's addresses fail its route: its checks (e.g. a null address) and choice
+        y = _grouped_linear_impl(_check_grouped_linear(a, down_weight, down_bias, None), down_weight, down_bias)
+    return y
 
 
 def grouped_mlp(x: torch.Tensor, gate_up_weight: torch.Tensor, down_weight: torch.Tensor,

@@ -1,7 +1,9 @@
 """Shared fixtures and GPU markers. GPU tests are skipped with a reason where there is no GPU;
 they never pass without running."""
 import functools
+import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -310,33 +312,55 @@ def check_reduce_overhead(module, make_input, steps=4, rel=2e-2):
 
 
 _AOTI_PROBE = """
-import tempfile, torch
+import sys, tempfile, torch, torch._inductor.config
 class M(torch.nn.Module):
     def forward(self, x):
         return x.sin() + 1
-x = torch.randn(4, 8)
-with tempfile.TemporaryDirectory() as folder:
+x = torch.randn(4, 8, generator=torch.Generator().manual_seed(0))
+compiler = {"cpp.cxx": (None, sys.argv[1])} if len(sys.argv) > 1 else {}
+with torch._inductor.config.patch(compiler), tempfile.TemporaryDirectory() as folder:
     path = torch._inductor.aoti_compile_and_package(torch.export.export(M(), (x,)), package_path=folder + "/m.pt2")
-    assert torch.allclose(torch._inductor.aoti_load_package(path)(x), x.sin() + 1)
+    assert torch.allclose(torch._inductor.aoti_load_package(path)(x), x.sin() + 1, atol=1e-6)  # sin + 1 near 0
 print("ok")
 """
 
 
-@functools.lru_cache(maxsize=None)
-def aoti_unavailable():
-    """None where this torch compiles and loads an AOTInductor package, else why not. Probed once per
-    session, in a process of its own, with a model that has none of our ops: on the H200 machine
-    (torch 2.11.0+cu130) loading any AOTInductor library kills the process with a segmentation
-    fault (benchmarks/NOTES.md, forty-fourth session), which must not take the test session along."""
+def _aoti_probe(compiler=None):
+    """None where this torch compiles (with the C++ compiler `compiler`; None: torch's own choice)
+    and loads an AOTInductor package of a model without our ops, in a process of its own; else why
+    not."""
     try:
-        result = subprocess.run([sys.executable, "-c", _AOTI_PROBE], capture_output=True, text=True, timeout=900)
+        result = subprocess.run([sys.executable, "-c", _AOTI_PROBE] + ([compiler] if compiler else []),
+                                capture_output=True, text=True, timeout=900)
     except subprocess.TimeoutExpired:
-        return "AOTInductor's probe took over 900 s"
+        return "the probe took over 900 s"
     if result.returncode == 0 and result.stdout.rstrip().endswith("ok"):
         return None
-    why = (f"killed by signal {-result.returncode}" if result.returncode < 0
-           else (result.stderr.strip().splitlines() or [f"exit code {result.returncode}"])[-1])
-    return f"this torch ({torch.__version__}) cannot compile and load an AOTInductor package of a model without our ops: {why}"
+    return (f"killed by signal {-result.returncode}" if result.returncode < 0
+            else (result.stderr.strip().splitlines() or [f"exit code {result.returncode}"])[-1])
+
+
+@functools.lru_cache(maxsize=None)
+def aoti_compiler():
+    """(compiler, None) where this torch compiles and loads AOTInductor packages: compiler None is
+    torch's own choice (torch._inductor.config.cpp.cxx, from $CXX), else a g++ or clang++ on PATH
+    that works where that choice does not (a package needs a C++ compiler); (None, why) where none
+    works. Probed once per session, in processes of their own: on the H200 machine $CXX is
+    /opt/gcc/bin/g++, whose packages kill the loading process with a segmentation fault, which must
+    not take the test session along, while /usr/bin/g++'s load and run (benchmarks/NOTES.md,
+    forty-fifth session)."""
+    why = _aoti_probe()
+    if why is None:
+        return None, None
+    import torch._inductor.config as inductor_config
+    own = inductor_config.cpp.cxx[-1]
+    own_path = os.path.realpath(shutil.which(own) or own)
+    for name in ("g++", "clang++"):
+        path = shutil.which(name)
+        if path and os.path.realpath(path) != own_path and _aoti_probe(path) is None:
+            return path, None
+    return None, (f"this torch ({torch.__version__}) cannot compile and load an AOTInductor package of a model "
+                  f"without our ops with its C++ compiler {own}: {why}")
 
 
 def check_aoti_package(module, make_input, package_path, sizes=(40, 1, 7, 333), rel=2e-2):
@@ -346,11 +370,12 @@ def check_aoti_package(module, make_input, package_path, sizes=(40, 1, 7, 333), 
     each against eager within `rel` relative error. The package calls our ops through AOTInductor's
     proxy executor, which finds them registered in this process (import cutlass_moe before loading
     one). Returns the exported program's cutlass_moe targets. Skips where AOTInductor itself does not
-    work (aoti_unavailable)."""
-    reason = aoti_unavailable()
+    work; compiles with aoti_compiler's compiler."""
+    import torch._inductor.config as inductor_config
+    compiler, reason = aoti_compiler()
     if reason:
         pytest.skip(reason)
-    with torch.no_grad():
+    with torch.no_grad(), inductor_config.patch({"cpp.cxx": (None, compiler)} if compiler else {}):
         tokens = torch.export.Dim("tokens", min=1, max=4096)
         program = torch.export.export(module, (make_input(sizes[0]),), dynamic_shapes=({0: tokens},))
         targets = sorted(str(n.target) for n in program.graph.nodes

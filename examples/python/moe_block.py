@@ -15,7 +15,9 @@ What it shows:
   - ``moe_gemm_gated``: gate and up projections in one GEMM, SwiGLU in its epilogue;
   - ``moe_gemm`` with ``row_scale``: the down projection, each row scaled by its router weight in the
     epilogue.
-- The combine: the k scaled rows of each token summed with index_add_.
+- The combine: the expert outputs put back in token order (``index_copy``: a permutation, each
+  row written once, no atomics, so the same bits on every run), then each token's k scaled rows
+  summed.
 - Hugging Face's expert weights taken as they are stored: per expert, ``w1`` (gate) and ``w3`` (up)
   are nn.Linear weights of shape (I, H), and ``w2`` (down) is (H, I). Gate and up are interleaved
   into one (E, 2I, H) tensor; every projection runs with ``trans_b=True``, with no transposed copy.
@@ -77,7 +79,9 @@ class MoeBlock(torch.nn.Module):
         xs = x[order // self.top_k]
         h = cutlass_moe.moe_gemm_gated(xs, self.gate_up, counts, trans_b=True)       # silu(gate) * up
         ys = cutlass_moe.moe_gemm(h, self.down, counts, trans_b=True, row_scale=weights.flatten()[order])
-        return torch.zeros_like(x).index_add_(0, order // self.top_k, ys)
+        # ys's row i is copy order[i] (token order[i] // k, slot order[i] % k): back in copy order,
+        # then the k copies of each token summed.
+        return torch.zeros_like(ys).index_copy(0, order, ys).view(tokens, self.top_k, -1).sum(1)
 
 
 def loop_reference(block, x):

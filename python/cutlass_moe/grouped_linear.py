@@ -313,6 +313,7 @@ def _route(key: tuple, make, *args):
 
 
 def _checked_linear_route(x, weight, bias) -> _LinearRoute:
+    """A signature's first grouped_linear call: its checks, then its route."""
     return _linear_route(_check_grouped_linear(x, weight, bias, None), weight, bias)
 
 

@@ -2,6 +2,7 @@
 kernels), moe_gemm_wgrad on its own, the torch.library ops (opcheck, torch.compile, CUDA graphs),
 the grouped_gemm / torch._grouped_mm drop-ins, and exported programs (saved and loaded, compiled by
 AOTInductor). The CPU tests run everywhere; the GPU tests need kernels for the GPU (conftest)."""
+import os
 import subprocess
 import sys
 
@@ -434,6 +435,24 @@ def test_aoti_package_cpu(tmp_path):
     gen = torch.Generator().manual_seed(1)
     targets = check_aoti_package(model, lambda t: torch.randn(t, 32, generator=gen), tmp_path / "moe.pt2", rel=1e-5)
     assert targets == ["cutlass_moe.moe_gemm_fused.default"] * 2, targets
+
+
+def test_aoti_compiler_falls_back_where_torch_s_fails_cpu():
+    """conftest.aoti_compiler, which the AOTI tests compile with: where torch's own C++ compiler
+    ($CXX) cannot build a package that loads, it finds one on PATH that can (on the H200 machine $CXX
+    builds packages that crash at load), so those tests run instead of skipping."""
+    import pathlib
+    import shutil
+    from conftest import aoti_compiler
+    compiler, reason = aoti_compiler()
+    if reason:
+        pytest.skip(reason)
+    found = [shutil.which(name) for name in ("g++", "clang++") if shutil.which(name)]
+    code = "import conftest; compiler, reason = conftest.aoti_compiler(); print(compiler, reason)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=1800,
+                            cwd=pathlib.Path(__file__).parent, env={**os.environ, "CXX": "/nonexistent/g++"})
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split()[0] in found, (found, result.stdout)
 
 
 def test_gmm_cpu_is_moe_gemm():

@@ -317,6 +317,7 @@ class M(torch.nn.Module):
     def forward(self, x):
         return x.sin() + 1
 x = torch.randn(4, 8, generator=torch.Generator().manual_seed(0))
+x = x.cuda() if torch.cuda.is_available() else x  # a CUDA package compiles in seconds, a CPU one in a minute
 compiler = {"cpp.cxx": (None, sys.argv[1])} if len(sys.argv) > 1 else {}
 with torch._inductor.config.patch(compiler), tempfile.TemporaryDirectory() as folder:
     path = torch._inductor.aoti_compile_and_package(torch.export.export(M(), (x,)), package_path=folder + "/m.pt2")
@@ -327,8 +328,8 @@ print("ok")
 
 def _aoti_probe(compiler=None):
     """None where this torch compiles (with the C++ compiler `compiler`; None: torch's own choice)
-    and loads an AOTInductor package of a model without our ops, in a process of its own; else why
-    not."""
+    and loads an AOTInductor package of a model without our ops (on the GPU where there is one), in a
+    process of its own; else why not."""
     try:
         result = subprocess.run([sys.executable, "-c", _AOTI_PROBE] + ([compiler] if compiler else []),
                                 capture_output=True, text=True, timeout=900)
@@ -369,7 +370,7 @@ def check_aoti_package(module, make_input, package_path, sizes=(40, 1, 7, 333), 
     back and run on make_input(size) for each of `sizes` (for an MoE layer: new routing, new counts),
     each against eager within `rel` relative error. The package calls our ops through AOTInductor's
     proxy executor, which finds them registered in this process (import cutlass_moe before loading
-    one). Returns the exported program's cutlass_moe targets. Skips where AOTInductor itself does not
+    one); under torch.inference_mode() too, which must give the same bits. Returns the exported program's cutlass_moe targets. Skips where AOTInductor itself does not
     work; compiles with aoti_compiler's compiler."""
     import torch._inductor.config as inductor_config
     compiler, reason = aoti_compiler()
@@ -388,4 +389,6 @@ def check_aoti_package(module, make_input, package_path, sizes=(40, 1, 7, 333), 
             assert got.shape == want.shape, (size, got.shape, want.shape)
             err = float((got.float() - want.float()).norm() / want.float().norm())
             assert err <= rel, f"{size} tokens: relative error {err:.3e}"
+            with torch.inference_mode():  # how a server calls it: the ops' autograd layer skipped
+                assert torch.equal(runner(x), got), f"{size} tokens: inference_mode changed the output"
     return targets

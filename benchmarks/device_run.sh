@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# One batch on the GPU machine: install the CUTLASS wheel carried in .whl/, build, run the tests,
-# the benchmark and the host time per call (training_bench.py --parts host). Logs go to $OUT (or ./device_out).
+# One batch on the GPU machine: install the CUTLASS wheel carried in .whl/, build, run the tests
+# (benchmarks/run_tests.sh: one pytest process per file, in parallel), the benchmark and the host time
+# per call (training_bench.py --parts host). Logs go to $OUT (or ./device_out).
 #
 # To run (from the device tool, carrying .whl): bash benchmarks/device_run.sh [pytest args...]
 #   Env: BUILD_DEFINES="-C cmake.define.X=Y ..." extra build options; BENCH_ARGS extra bench options;
@@ -21,11 +22,11 @@ if ! python3 -m pip install --no-index --no-deps --no-build-isolation -v -C buil
   tail -60 "$OUT/build.log"; exit 1
 fi
 echo "build: $(( $(date +%s) - start )) s; ptxas warnings: $(grep -c 'ptxas warning' "$OUT/build.log"); C7510: $(grep -c C7510 "$OUT/build.log")"
+if [ -z "${SKIP_TESTS:-}" ]; then
+  OUT="$OUT" bash benchmarks/run_tests.sh "$@"  # one pytest process per test file, in parallel
+fi
 cd /tmp  # import the installed package, not the source tree
 src=$OLDPWD
-if [ -z "${SKIP_TESTS:-}" ]; then
-  python3 -m pytest "$src/tests" -q -x "$@" 2>&1 | tee "$OUT/tests.log" | tail -15
-fi
 if [ -n "${SANITIZE:-}" ]; then
   (cd "$src" && OUT="$OUT" bash benchmarks/sanitize.sh)  # from the repo root, like the build
 fi

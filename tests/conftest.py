@@ -370,8 +370,9 @@ def check_aoti_package(module, make_input, package_path, sizes=(40, 1, 7, 333), 
     back and run on make_input(size) for each of `sizes` (for an MoE layer: new routing, new counts),
     each against eager within `rel` relative error. The package calls our ops through AOTInductor's
     proxy executor, which finds them registered in this process (import cutlass_moe before loading
-    one); under torch.inference_mode() too, which must give the same bits. Returns the exported program's cutlass_moe targets. Skips where AOTInductor itself does not
-    work; compiles with aoti_compiler's compiler."""
+    one); each size also under torch.inference_mode(), which must give the same bits. Returns the
+    exported program's cutlass_moe targets. Skips where AOTInductor itself does not work; compiles
+    with aoti_compiler's compiler."""
     import torch._inductor.config as inductor_config
     compiler, reason = aoti_compiler()
     if reason:

@@ -14,8 +14,13 @@ OUT=$(realpath -m "${OUT:-device_out}")
 mkdir -p "$OUT"
 src=$PWD
 logs=$(mktemp -d)
+files=("$src"/tests/test_*.py)
+# Each process's Inductor would start a pool of compile workers as large as the machine: share the
+# cores among the files instead.
+threads=$(( $(nproc) / ${#files[@]} ))
+export TORCHINDUCTOR_COMPILE_THREADS=${TORCHINDUCTOR_COMPILE_THREADS:-$(( threads > 0 ? threads : 1 ))}
 cd /tmp  # import the installed package, not the source tree
-for file in "$src"/tests/test_*.py; do
+for file in "${files[@]}"; do
   name=$(basename "$file" .py)
   (python3 -m pytest -q -p no:cacheprovider -rfEs "$file" "$@" >"$logs/$name.log" 2>&1
    echo "exit code $?" >>"$logs/$name.log") &

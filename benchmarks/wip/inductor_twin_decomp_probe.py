@@ -13,23 +13,16 @@ checks, on the CPU (the float32 reference path):
 
     python3 benchmarks/wip/inductor_twin_decomp_probe.py
 """
-import pathlib
-import sys
 import tempfile
 import time
+import zipfile
 
 import torch
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "examples" / "python"))
-import cutlass_moe  # noqa: E402,F401  (registers the ops)
-from moe_block import MoeBlock  # noqa: E402
+from aoti_twins_probe import TWINS  # each registered op and its twin (also puts the example on the path)
+from moe_block import MoeBlock
 
 OPS = torch.ops.cutlass_moe
-TWINS = {
-    OPS.moe_gemm.default: OPS.moe_gemm_launch.default,
-    OPS.moe_gemm_fused.default: OPS.moe_gemm_fused_launch.default,
-    OPS.grouped_linear.default: OPS.grouped_linear_launch.default,
-}
 
 
 def install_twins():
@@ -51,7 +44,6 @@ def package(block, x, folder, name):
         program = torch.export.export(block, (x,), dynamic_shapes=({0: dim},))
         path = torch._inductor.aoti_compile_and_package(program, package_path=f"{folder}/{name}.pt2")
     code = ""
-    import zipfile
     with zipfile.ZipFile(path) as archive:
         for member in archive.namelist():
             if member.endswith((".cpp", ".json", ".py")):

@@ -9,9 +9,9 @@
 # per file the suite took as long as its slowest file, 393 s (test_autograd.py, whose AOTInductor
 # tests compile one package after another). So the tests that build a package (SPLIT_K, a pytest -k
 # expression: the AOTInductor tests and the examples, which export and package too) run in processes
-# of their own, and each file's other tests in one process: 297 s there, each of the eight package
-# tests taking 250-290 s side by side (forty-seventh session). The processes share the GPU: no test
-# times anything.
+# of their own, and each file's other tests in one process: about 300 s there (the call 411 s with its
+# build, against 517 s), the eight package tests taking 250-290 s each side by side (forty-seventh
+# session). The processes share the GPU: no test times anything.
 #
 # To run, from the repository root: bash benchmarks/run_tests.sh [pytest args...]
 #   (device_run.sh runs it after the build). With pytest args (e.g. -k), one process per file only.

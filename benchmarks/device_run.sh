@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One batch on the GPU machine: install the CUTLASS wheel carried in .whl/, build, run the tests
-# (benchmarks/run_tests.sh: one pytest process per file, in parallel), the benchmark and the host time
+# (benchmarks/run_tests.sh: pytest processes in parallel, per file and per package-building test), the
+# benchmark and the host time
 # per call (training_bench.py --parts host). Logs go to $OUT (or ./device_out).
 #
 # To run (from the device tool, carrying .whl): bash benchmarks/device_run.sh [pytest args...]
@@ -23,7 +24,7 @@ if ! python3 -m pip install --no-index --no-deps --no-build-isolation -v -C buil
 fi
 echo "build: $(( $(date +%s) - start )) s; ptxas warnings: $(grep -c 'ptxas warning' "$OUT/build.log"); C7510: $(grep -c C7510 "$OUT/build.log")"
 if [ -z "${SKIP_TESTS:-}" ]; then
-  OUT="$OUT" bash benchmarks/run_tests.sh "$@"  # one pytest process per test file, in parallel
+  OUT="$OUT" bash benchmarks/run_tests.sh "$@"  # pytest processes in parallel (its header says which)
 fi
 cd /tmp  # import the installed package, not the source tree
 src=$OLDPWD

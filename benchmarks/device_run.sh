@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One batch on the GPU machine: install the CUTLASS wheel carried in .whl/, build, run the tests
 # (benchmarks/run_tests.sh: pytest processes in parallel, per file and per package-building test), the
-# benchmark and the host time
-# per call (training_bench.py --parts host). Logs go to $OUT (or ./device_out).
+# benchmark and the host time per call (training_bench.py --parts host). Logs go to $OUT (or
+# ./device_out).
 #
 # To run (from the device tool, carrying .whl): bash benchmarks/device_run.sh [pytest args...]
 #   Env: BUILD_DEFINES="-C cmake.define.X=Y ..." extra build options; BENCH_ARGS extra bench options;

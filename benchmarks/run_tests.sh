@@ -29,6 +29,15 @@ if [ $# -eq 0 ] && [ -n "$SPLIT_K" ]; then
   mapfile -t split_ids < <(python3 -m pytest --collect-only -q -p no:cacheprovider -k "$SPLIT_K" "$src/tests" 2>/dev/null |
                            grep '::')
 fi
+# The package-building tests' compiler (tests/conftest.py, aoti_compiler), probed once here instead of
+# in each of their processes (a probe compiles a package or two). Without an answer each process probes.
+if [ ${#split_ids[@]} -gt 0 ] && [ -z "${CUTLASS_MOE_TEST_AOTI_COMPILER:-}" ]; then
+  CUTLASS_MOE_TEST_AOTI_COMPILER=$(python3 -c "import sys; sys.path.insert(0, sys.argv[1]); import conftest
+print(conftest.aoti_compiler_answer())" "$src/tests" 2>"$logs/aoti_compiler_probe.err" | tail -1)
+  echo "AOTInductor compiler for the tests: ${CUTLASS_MOE_TEST_AOTI_COMPILER:-(the probe failed: each test probes)}"
+  [ -n "$CUTLASS_MOE_TEST_AOTI_COMPILER" ] || tail -5 "$logs/aoti_compiler_probe.err"
+  export CUTLASS_MOE_TEST_AOTI_COMPILER
+fi
 # Each process's Inductor would start a pool of compile workers as large as the machine: share the
 # cores among the processes instead.
 jobs=$(( ${#files[@]} + ${#split_ids[@]} ))

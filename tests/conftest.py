@@ -341,6 +341,12 @@ def _aoti_probe(compiler=None):
             else (result.stderr.strip().splitlines() or [f"exit code {result.returncode}"])[-1])
 
 
+# aoti_compiler's answer from a probe made before this process started: benchmarks/run_tests.sh probes
+# once and hands it to the pytest processes it starts, one per package-building test, each of which
+# would otherwise make its own (each probe compiles a package or two). aoti_compiler_answer() writes it.
+AOTI_COMPILER_ENV = "CUTLASS_MOE_TEST_AOTI_COMPILER"
+
+
 @functools.lru_cache(maxsize=None)
 def aoti_compiler():
     """(compiler, None) where this torch compiles and loads AOTInductor packages: compiler None is
@@ -349,7 +355,15 @@ def aoti_compiler():
     works. Probed once per session, in processes of their own: on the H200 machine $CXX is
     /opt/gcc/bin/g++, whose packages kill the loading process with a segmentation fault, which must
     not take the test session along, while /usr/bin/g++'s load and run (benchmarks/NOTES.md,
-    forty-fifth session)."""
+    forty-fifth session). Where $CUTLASS_MOE_TEST_AOTI_COMPILER holds an earlier probe's answer
+    (aoti_compiler_answer), that answer."""
+    known = os.environ.get(AOTI_COMPILER_ENV, "")
+    if known == "default":
+        return None, None
+    if known.startswith("none: "):
+        return None, known[len("none: "):]
+    if known:
+        return known, None
     why = _aoti_probe()
     if why is None:
         return None, None
@@ -362,6 +376,13 @@ def aoti_compiler():
             return path, None
     return None, (f"this torch ({torch.__version__}) cannot compile and load an AOTInductor package of a model "
                   f"without our ops with its C++ compiler {own}: {why}")
+
+
+def aoti_compiler_answer() -> str:
+    """aoti_compiler's answer as $CUTLASS_MOE_TEST_AOTI_COMPILER holds it: "default" (torch's own
+    compiler), a compiler's path, or "none: " and why not."""
+    compiler, why = aoti_compiler()
+    return f"none: {why}" if why else compiler or "default"
 
 
 def check_aoti_package(module, make_input, package_path, sizes=(40, 1, 7, 333), rel=2e-2):

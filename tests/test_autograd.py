@@ -443,14 +443,15 @@ def test_aoti_compiler_falls_back_where_torch_s_fails_cpu():
     builds packages that crash at load), so those tests run instead of skipping."""
     import pathlib
     import shutil
-    from conftest import aoti_compiler
+    from conftest import AOTI_COMPILER_ENV, aoti_compiler
     compiler, reason = aoti_compiler()
     if reason:
         pytest.skip(reason)
     found = [shutil.which(name) for name in ("g++", "clang++") if shutil.which(name)]
     code = "import conftest; compiler, reason = conftest.aoti_compiler(); print(compiler, reason)"
+    env = {name: value for name, value in os.environ.items() if name != AOTI_COMPILER_ENV}  # probe, not recall
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=1800,
-                            cwd=pathlib.Path(__file__).parent, env={**os.environ, "CXX": "/nonexistent/g++"})
+                            cwd=pathlib.Path(__file__).parent, env={**env, "CXX": "/nonexistent/g++"})
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.split()[0] in found, (found, result.stdout)
 

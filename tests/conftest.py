@@ -343,7 +343,8 @@ def _aoti_probe(compiler=None):
 
 # aoti_compiler's answer from a probe made before this process started: benchmarks/run_tests.sh probes
 # once and hands it to the pytest processes it starts, one per package-building test, each of which
-# would otherwise make its own (each probe compiles a package or two). aoti_compiler_answer() writes it.
+# would otherwise make its own (each probe compiles a package or two). aoti_compiler_answer() gives it
+# in the variable's form.
 AOTI_COMPILER_ENV = "CUTLASS_MOE_TEST_AOTI_COMPILER"
 
 

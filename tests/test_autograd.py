@@ -456,6 +456,23 @@ def test_aoti_compiler_falls_back_where_torch_s_fails_cpu():
     assert result.stdout.split()[0] in found, (found, result.stdout)
 
 
+def test_aoti_compiler_takes_a_handed_down_answer_cpu():
+    """benchmarks/run_tests.sh probes once and hands conftest.aoti_compiler's answer to its pytest
+    processes in $CUTLASS_MOE_TEST_AOTI_COMPILER: each form of aoti_compiler_answer() must come back
+    from aoti_compiler() as it went in, without a probe (a probe compiles a package: minutes here)."""
+    import pathlib
+    from conftest import AOTI_COMPILER_ENV
+    code = ("import conftest\n"
+            "compiler, why = conftest.aoti_compiler()\n"
+            "print(repr((compiler, why, conftest.aoti_compiler_answer())))")
+    for answer, want in (("default", (None, None)), ("/usr/bin/g++", ("/usr/bin/g++", None)),
+                         ("none: no compiler here", (None, "no compiler here"))):
+        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                                cwd=pathlib.Path(__file__).parent, env={**os.environ, AOTI_COMPILER_ENV: answer})
+        assert result.returncode == 0, result.stderr[-2000:]
+        assert result.stdout.strip().splitlines()[-1] == repr((*want, answer)), (answer, result.stdout)
+
+
 def test_gmm_cpu_is_moe_gemm():
     gen = torch.Generator().manual_seed(4)
     a = torch.randn(30, 16, dtype=BF16, generator=gen)
